@@ -1,0 +1,29 @@
+// Command corral is the corral sandbox runtime: the server (serve), the
+// in-sandbox agent (agent), and the client commands (sandbox, run, template).
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	root := &cobra.Command{
+		Use:           "corral",
+		Short:         "Isolated, limited sandboxes for AI agents",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newServeCmd(), newAgentCmd())
+	addClientCommands(root)
+	if err := root.Execute(); err != nil {
+		var ec exitCoder
+		if asExitCoder(err, &ec) {
+			os.Exit(ec.ExitCode())
+		}
+		fmt.Fprintln(os.Stderr, "corral:", err)
+		os.Exit(1)
+	}
+}
