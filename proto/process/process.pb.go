@@ -1486,7 +1486,11 @@ type ProcessEvent_EndEvent struct {
 	// corral extension: the process was killed because its lifetime
 	// (Connect-Timeout-Ms on Start) elapsed. Unknown to the e2b SDK, which
 	// ignores unknown fields.
-	TimedOut      bool `protobuf:"varint,100,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	TimedOut bool `protobuf:"varint,100,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	// corral extension: why the process ended when it did not exit on its
+	// own: "timeout", "oom" (the sandbox's memory limit killed it) or
+	// "killed". Empty for a normal exit.
+	EndReason     string `protobuf:"bytes,101,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1554,6 +1558,13 @@ func (x *ProcessEvent_EndEvent) GetTimedOut() bool {
 		return x.TimedOut
 	}
 	return false
+}
+
+func (x *ProcessEvent_EndEvent) GetEndReason() string {
+	if x != nil {
+		return x.EndReason
+	}
+	return ""
 }
 
 type ProcessEvent_KeepAlive struct {
@@ -1755,7 +1766,7 @@ const file_process_process_proto_rawDesc = "" +
 	"\aprocess\x18\x01 \x01(\v2\x18.process.ProcessSelectorR\aprocess\x12#\n" +
 	"\x03pty\x18\x02 \x01(\v2\f.process.PTYH\x00R\x03pty\x88\x01\x01B\x06\n" +
 	"\x04_pty\"\x10\n" +
-	"\x0eUpdateResponse\"\xa5\x04\n" +
+	"\x0eUpdateResponse\"\xc4\x04\n" +
 	"\fProcessEvent\x128\n" +
 	"\x05start\x18\x01 \x01(\v2 .process.ProcessEvent.StartEventH\x00R\x05start\x125\n" +
 	"\x04data\x18\x02 \x01(\v2\x1f.process.ProcessEvent.DataEventH\x00R\x04data\x122\n" +
@@ -1768,13 +1779,15 @@ const file_process_process_proto_rawDesc = "" +
 	"\x06stdout\x18\x01 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x02 \x01(\fH\x00R\x06stderr\x12\x12\n" +
 	"\x03pty\x18\x03 \x01(\fH\x00R\x03ptyB\b\n" +
-	"\x06output\x1a\x99\x01\n" +
+	"\x06output\x1a\xb8\x01\n" +
 	"\bEndEvent\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x11R\bexitCode\x12\x16\n" +
 	"\x06exited\x18\x02 \x01(\bR\x06exited\x12\x16\n" +
 	"\x06status\x18\x03 \x01(\tR\x06status\x12\x19\n" +
 	"\x05error\x18\x04 \x01(\tH\x00R\x05error\x88\x01\x01\x12\x1b\n" +
-	"\ttimed_out\x18d \x01(\bR\btimedOutB\b\n" +
+	"\ttimed_out\x18d \x01(\bR\btimedOut\x12\x1d\n" +
+	"\n" +
+	"end_reason\x18e \x01(\tR\tendReasonB\b\n" +
 	"\x06_error\x1a\v\n" +
 	"\tKeepAliveB\a\n" +
 	"\x05event\"<\n" +
