@@ -1,6 +1,205 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
 
-// addClientCommands registers the client commands (sandbox, run, ...).
-func addClientCommands(root *cobra.Command) {}
+	"github.com/spf13/cobra"
+
+	corral "github.com/corralhq/corral/sdk/go"
+)
+
+// clientGlobals are the connection flags shared by the client commands.
+type clientGlobals struct {
+	server  string
+	apiKey  string
+	dataDir string
+}
+
+// addClientCommands registers the client commands (run, sandbox).
+func addClientCommands(root *cobra.Command) {
+	g := &clientGlobals{}
+	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g)} {
+		pf := c.PersistentFlags()
+		pf.StringVar(&g.server, "server", "", "corral server URL (env CORRAL_URL, default "+corral.DefaultURL+")")
+		pf.StringVar(&g.apiKey, "api-key", "", "API key (env CORRAL_API_KEY, else DATA/admin.key for a local server)")
+		pf.StringVar(&g.dataDir, "data", "", "server data directory holding admin.key (env CORRAL_DATA, default "+corral.DefaultDataDir+")")
+		c.SetFlagErrorFunc(flagErrorFunc)
+		wrapClientErrors(c)
+		root.AddCommand(c)
+	}
+}
+
+// wrapClientErrors strips the SDK's "corral: " prefix from errors returned
+// by cmd and its subcommands, since main prints "corral: " itself.
+func wrapClientErrors(cmd *cobra.Command) {
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			err := run(c, args)
+			var ec exitCoder
+			if err == nil || asExitCoder(err, &ec) {
+				return err
+			}
+			return trimmedError{err}
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		wrapClientErrors(sub)
+	}
+}
+
+// trimmedError is err with its message's "corral: " prefixes removed.
+type trimmedError struct{ err error }
+
+func (e trimmedError) Error() string {
+	msg := e.err.Error()
+	for strings.HasPrefix(msg, "corral: ") {
+		msg = strings.TrimPrefix(msg, "corral: ")
+	}
+	return msg
+}
+
+func (e trimmedError) Unwrap() error { return e.err }
+
+// client builds the SDK client from the flags and the environment.
+func (g *clientGlobals) client() (*corral.Client, error) {
+	server := firstNonEmpty(g.server, os.Getenv("CORRAL_URL"), corral.DefaultURL)
+	key := firstNonEmpty(g.apiKey, os.Getenv("CORRAL_API_KEY"))
+	if key == "" {
+		var err error
+		key, err = corral.LocalAdminKey(server, firstNonEmpty(g.dataDir, os.Getenv("CORRAL_DATA")))
+		if err != nil {
+			return nil, err
+		}
+	}
+	return corral.New(server, key, corral.WithUserAgent("corral-cli")), nil
+}
+
+func firstNonEmpty(v ...string) string {
+	for _, s := range v {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+// signalContext returns a context cancelled on SIGINT/SIGTERM.
+func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	ctx := cmd.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+}
+
+// apiFailure maps request errors: invalid arguments are usage errors
+// (exit 2), the rest are returned for main to print (exit 1).
+func apiFailure(cmd *cobra.Command, err error) error {
+	if corral.IsInvalidArgument(err) {
+		return usageError(cmd, "%v", err)
+	}
+	return err
+}
+
+func printJSON(v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	_, err = os.Stdout.Write(b)
+	return err
+}
+
+// sandboxFlags are the flags that describe a new sandbox.
+type sandboxFlags struct {
+	template, runtime, tier string
+	cpu                     float64
+	memory, disk            string
+	pids, nofile            int64
+	ttl                     string
+	commandTimeout          string
+	network                 string
+	env, metadata           []string
+}
+
+func (f *sandboxFlags) register(cmd *cobra.Command, forCreate bool) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.template, "template", "", `root filesystem template (default "base")`)
+	fl.StringVar(&f.runtime, "runtime", "", "runtime: runc (default) or gvisor")
+	fl.StringVar(&f.tier, "tier", "", "resource tier: light (default), medium or heavy")
+	fl.Float64Var(&f.cpu, "cpu", 0, "CPU cores, fractional (e.g. 0.5; default from the tier)")
+	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 256m, 1g, 512MiB; a plain number is MiB")
+	fl.StringVar(&f.disk, "disk", "", "writable disk limit, e.g. 100m, 2g; a plain number is MiB")
+	fl.Int64Var(&f.pids, "pids", 0, "maximum number of processes/threads")
+	fl.Int64Var(&f.nofile, "nofile", 0, "open files limit (RLIMIT_NOFILE)")
+	fl.StringVar(&f.network, "net", "", `network mode (only "none" for now)`)
+	fl.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every process (repeatable)")
+	fl.StringVar(&f.ttl, "ttl", "", "sandbox lifetime, e.g. 10m or 600 (default 300s)")
+	fl.StringArrayVar(&f.metadata, "metadata", nil, "metadata label K=V (repeatable)")
+	if forCreate {
+		fl.StringVar(&f.commandTimeout, "command-timeout", "", "default per-command timeout for exec (default from the tier)")
+	}
+}
+
+func (f *sandboxFlags) options() (corral.CreateOptions, error) {
+	o := corral.CreateOptions{Template: f.template, Runtime: f.runtime, Tier: f.tier, Network: f.network}
+	switch f.runtime {
+	case "", "runc", "gvisor":
+	default:
+		return o, fmt.Errorf("invalid --runtime %q: use runc or gvisor", f.runtime)
+	}
+	switch f.tier {
+	case "", "light", "medium", "heavy":
+	default:
+		return o, fmt.Errorf("invalid --tier %q: use light, medium or heavy", f.tier)
+	}
+	switch f.network {
+	case "", "none":
+	default:
+		return o, fmt.Errorf("invalid --net %q: only none is supported", f.network)
+	}
+	if f.cpu < 0 || f.pids < 0 || f.nofile < 0 {
+		return o, errors.New("--cpu, --pids and --nofile must be positive")
+	}
+	o.Resources = corral.Resources{CPU: f.cpu, Pids: f.pids, Nofile: f.nofile}
+	var err error
+	if f.memory != "" {
+		if o.Resources.MemoryMB, err = parseSizeMiB(f.memory); err != nil {
+			return o, fmt.Errorf("--memory: %w", err)
+		}
+	}
+	if f.disk != "" {
+		if o.Resources.DiskMB, err = parseSizeMiB(f.disk); err != nil {
+			return o, fmt.Errorf("--disk: %w", err)
+		}
+	}
+	if f.ttl != "" {
+		if o.Timeout, err = parseDurationArg(f.ttl); err != nil {
+			return o, fmt.Errorf("--ttl: %w", err)
+		}
+		if o.Timeout < time.Second {
+			return o, errors.New("--ttl: must be at least 1s")
+		}
+	}
+	if f.commandTimeout != "" {
+		if o.CommandTimeout, err = parseDurationArg(f.commandTimeout); err != nil {
+			return o, fmt.Errorf("--command-timeout: %w", err)
+		}
+	}
+	if o.Env, err = parseKV(f.env); err != nil {
+		return o, fmt.Errorf("--env: %w", err)
+	}
+	if o.Metadata, err = parseKV(f.metadata); err != nil {
+		return o, fmt.Errorf("--metadata: %w", err)
+	}
+	return o, nil
+}

@@ -1,0 +1,212 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	"github.com/corralhq/corral/proto/filesystem/filesystemconnect"
+	"github.com/corralhq/corral/proto/process/processconnect"
+)
+
+// Config configures the agent.
+type Config struct {
+	// Socket is the unix socket path Main listens on.
+	Socket string
+	// DefaultUser is the user for requests that name none ("user" in
+	// standard templates).
+	DefaultUser string
+	// TokenFile, when set, names a file whose content is the access token
+	// required by every request but GET /health (see auth.go).
+	TokenFile string
+	// MaxUpload bounds the body of one POST /files request in bytes, after
+	// decompression too. Zero means 100 MiB.
+	MaxUpload int64
+	// Subreaper makes the agent a child subreaper and reaps every child,
+	// as it always does when it is PID 1. Without it (and not PID 1) only
+	// the agent's own children are waited for.
+	Subreaper bool
+	// PasswdFile and GroupFile override /etc/passwd and /etc/group.
+	PasswdFile, GroupFile string
+	// Env is the sandbox-global environment passed to every process, as
+	// KEY=VALUE. When nil it is taken from the agent's own environment:
+	// each CORRAL_ENV_KEY=VALUE becomes KEY=VALUE.
+	Env []string
+}
+
+// Server is an agent instance: the process table, watchers and handlers.
+type Server struct {
+	cfg      Config
+	token    string
+	env      []string
+	procs    *procTable
+	watchers *watcherTable
+}
+
+const (
+	defaultMaxUpload = 100 << 20
+	maxRequestBytes  = 1 << 20
+	maxPathLen       = 4096
+	defaultPath      = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	envPrefix        = "CORRAL_ENV_"
+)
+
+// New validates cfg and returns a Server. It starts the process-wide child
+// reaper (reaping every child when PID 1 or cfg.Subreaper).
+func New(cfg Config) (*Server, error) {
+	if cfg.DefaultUser == "" {
+		cfg.DefaultUser = "user"
+	}
+	if cfg.MaxUpload <= 0 {
+		cfg.MaxUpload = defaultMaxUpload
+	}
+	if cfg.PasswdFile == "" {
+		cfg.PasswdFile = "/etc/passwd"
+	}
+	if cfg.GroupFile == "" {
+		cfg.GroupFile = "/etc/group"
+	}
+	s := &Server{cfg: cfg, procs: newProcTable(), watchers: newWatcherTable()}
+	if cfg.TokenFile != "" {
+		b, err := os.ReadFile(cfg.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("agent: read token file: %w", err)
+		}
+		s.token = strings.TrimSpace(string(b))
+		if s.token == "" {
+			return nil, errors.New("agent: token file is empty")
+		}
+	}
+	if cfg.Env != nil {
+		s.env = append([]string(nil), cfg.Env...)
+	} else {
+		s.env = sandboxEnv(os.Environ())
+	}
+	global := os.Getpid() == 1 || cfg.Subreaper
+	if cfg.Subreaper && os.Getpid() != 1 {
+		if err := setSubreaper(); err != nil {
+			return nil, fmt.Errorf("agent: PR_SET_CHILD_SUBREAPER: %w", err)
+		}
+	}
+	theReaper.start(global)
+	return s, nil
+}
+
+// sandboxEnv extracts the sandbox-global environment from the agent's:
+// CORRAL_ENV_FOO=bar becomes FOO=bar; nothing else is passed on.
+func sandboxEnv(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		if rest, ok := strings.CutPrefix(kv, envPrefix); ok && rest != "" && rest[0] != '=' {
+			out = append(out, rest)
+		}
+	}
+	return out
+}
+
+// Handler returns the agent's HTTP handler: both Connect services, /health
+// and /files, behind the access-token check.
+func (s *Server) Handler() http.Handler {
+	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRequestBytes)}
+	mux := http.NewServeMux()
+	mux.Handle(processconnect.NewProcessHandler(&processService{s: s}, opts...))
+	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s: s}, opts...))
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /files", s.handleDownload)
+	mux.HandleFunc("POST /files", s.handleUpload)
+	return s.authMiddleware(mux)
+}
+
+// Serve serves the agent on ln until ctx is done.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 30 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	<-errc
+	return nil
+}
+
+// Main runs the agent: it makes itself non-dumpable, listens on
+// cfg.Socket (creating its directory, replacing a stale socket, mode 0600)
+// and serves until ctx is done or, as PID 1, SIGTERM arrives, in which case
+// every process in the sandbox is sent SIGTERM first.
+func Main(ctx context.Context, cfg Config) error {
+	// ATTACKS #6: code in the sandbox must not ptrace the agent.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("agent: PR_SET_DUMPABLE: %w", err)
+	}
+	if cfg.Socket == "" {
+		return errors.New("agent: no socket path")
+	}
+	s, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o700); err != nil {
+		return fmt.Errorf("agent: socket dir: %w", err)
+	}
+	if fi, err := os.Lstat(cfg.Socket); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return fmt.Errorf("agent: %s exists and is not a socket", cfg.Socket)
+		}
+		if err := os.Remove(cfg.Socket); err != nil {
+			return fmt.Errorf("agent: remove stale socket: %w", err)
+		}
+	}
+	ln, err := net.Listen("unix", cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("agent: listen: %w", err)
+	}
+	if err := os.Chmod(cfg.Socket, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("agent: chmod socket: %w", err)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigc)
+	go func() {
+		select {
+		case <-sigc:
+			if os.Getpid() == 1 {
+				// kill(-1) reaches every process but the caller.
+				_ = syscall.Kill(-1, syscall.SIGTERM)
+				time.Sleep(500 * time.Millisecond)
+			}
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err = s.Serve(ctx, ln)
+	os.Remove(cfg.Socket)
+	return err
+}

@@ -1,0 +1,92 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/corralhq/corral/internal/sandbox"
+)
+
+// Stable error codes of the native API (docs/api.md).
+const (
+	CodeInvalidJSON      = "invalid_json"
+	CodeInvalidArgument  = "invalid_argument"
+	CodeUnauthenticated  = "unauthenticated"
+	CodeNotFound         = "not_found"
+	CodeConflict         = "conflict"
+	CodeBodyTooLarge     = "body_too_large"
+	CodeCapacityExceeded = "capacity_exceeded"
+	CodeInternal         = "internal"
+	CodeUnavailable      = "unavailable"
+)
+
+// MaxJSONBody bounds JSON request bodies.
+const MaxJSONBody = 1 << 20
+
+type apiError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	if status == http.StatusTooManyRequests {
+		w.Header().Set("Retry-After", "5")
+	}
+	writeJSON(w, status, apiError{Code: code, Message: msg})
+}
+
+// writeErr maps an internal error to a status and stable code. Internal
+// errors are logged in full but answered without detail, so that host
+// paths never reach a caller.
+func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	var inv *sandbox.InvalidError
+	switch {
+	case errors.As(err, &inv):
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, inv.Msg)
+	case errors.Is(err, sandbox.ErrNotFound):
+		writeError(w, http.StatusNotFound, CodeNotFound, "sandbox not found")
+	case errors.Is(err, sandbox.ErrCapacity):
+		writeError(w, http.StatusTooManyRequests, CodeCapacityExceeded, err.Error())
+	default:
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error; see the server log")
+	}
+}
+
+// decodeJSON reads a bounded JSON body into v, refusing unknown fields
+// and trailing data. It writes the error response itself and returns false.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, MaxJSONBody)
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("unexpected data after the JSON object")
+		}
+	}
+	if err == nil {
+		return true
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		writeError(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("request body exceeds %d bytes", MaxJSONBody))
+		return false
+	}
+	msg := err.Error()
+	if errors.Is(err, io.EOF) {
+		msg = "empty body; expected a JSON object"
+	}
+	writeError(w, http.StatusBadRequest, CodeInvalidJSON, "invalid JSON: "+strings.TrimPrefix(msg, "json: "))
+	return false
+}

@@ -1,0 +1,165 @@
+package api
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
+)
+
+// sandboxView is the JSON form of a sandbox (docs/api.md).
+type sandboxView struct {
+	ID             string            `json:"id"`
+	Template       string            `json:"template"`
+	Runtime        string            `json:"runtime"`
+	State          string            `json:"state"`
+	Tier           string            `json:"tier"`
+	Resources      store.Resources   `json:"resources"`
+	CommandTimeout int64             `json:"command_timeout"`
+	Network        string            `json:"network"`
+	Metadata       map[string]string `json:"metadata"`
+	CreatedAt      string            `json:"created_at"`
+	ExpiresAt      string            `json:"expires_at"`
+	EndedAt        *string           `json:"ended_at"`
+	EndReason      string            `json:"end_reason"`
+}
+
+func ts(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+func view(sb *store.Sandbox) sandboxView {
+	v := sandboxView{
+		ID: sb.ID, Template: sb.Template, Runtime: sb.Runtime, State: sb.State, Tier: sb.Tier,
+		Resources: sb.Resources, CommandTimeout: int64(sb.CommandTimeout / time.Second),
+		Network: sb.Network, Metadata: sb.Metadata, CreatedAt: ts(sb.CreatedAt),
+		ExpiresAt: ts(sb.ExpiresAt), EndReason: sb.EndReason,
+	}
+	if v.Metadata == nil {
+		v.Metadata = map[string]string{}
+	}
+	if sb.EndedAt != nil {
+		e := ts(*sb.EndedAt)
+		v.EndedAt = &e
+	}
+	return v
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req sandbox.CreateRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	sb, err := s.mgr.Create(r.Context(), req)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, view(sb))
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	state := q.Get("state")
+	switch state {
+	case "", store.StateRunning:
+		state = store.StateRunning
+	case store.StateEnded:
+	case "all":
+		state = ""
+	default:
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, "state must be running, ended or all")
+		return
+	}
+	match := map[string]string{}
+	for k, vs := range q {
+		if name, ok := strings.CutPrefix(k, "metadata."); ok && len(vs) > 0 {
+			match[name] = vs[0]
+		}
+	}
+	list, err := s.mgr.List(r.Context(), state, match)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := make([]sandboxView, 0, len(list))
+	for _, sb := range list {
+		out = append(out, view(sb))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, view(sb))
+}
+
+func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.Kill(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, view(sb))
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout int64 `json:"timeout"`
+	}
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	if req.Timeout < 1 || req.Timeout > int64(sandbox.MaxTTL/time.Second) {
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, "timeout must be between 1 and 86400 seconds")
+		return
+	}
+	sb, err := s.mgr.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(req.Timeout)*time.Second)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, view(sb))
+}
+
+type commandView struct {
+	ID          int64   `json:"id"`
+	Command     string  `json:"command"`
+	Cwd         string  `json:"cwd"`
+	User        string  `json:"user"`
+	StartedAt   string  `json:"started_at"`
+	EndedAt     *string `json:"ended_at"`
+	ExitCode    *int    `json:"exit_code"`
+	StdoutBytes int64   `json:"stdout_bytes"`
+	StderrBytes int64   `json:"stderr_bytes"`
+	TimedOut    bool    `json:"timed_out"`
+	EndReason   string  `json:"end_reason"`
+}
+
+func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if _, err := s.mgr.Get(r.Context(), id); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	cmds, err := s.store.ListCommands(r.Context(), id)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := make([]commandView, 0, len(cmds))
+	for _, c := range cmds {
+		v := commandView{ID: c.ID, Command: c.Command, Cwd: c.Cwd, User: c.User, StartedAt: ts(c.StartedAt),
+			ExitCode: c.ExitCode, StdoutBytes: c.StdoutBytes, StderrBytes: c.StderrBytes, TimedOut: c.TimedOut, EndReason: c.EndReason}
+		if c.EndedAt != nil {
+			e := ts(*c.EndedAt)
+			v.EndedAt = &e
+		}
+		out = append(out, v)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"commands": out})
+}

@@ -1,0 +1,109 @@
+// Package api is corral's HTTP front: authentication, request bounds, the
+// native REST API under /v1 and the proxy to each sandbox's agent. It maps
+// errors to stable JSON codes and never returns host paths or stack traces.
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
+)
+
+// Config configures the API server.
+type Config struct {
+	// MaxOutput is how many bytes of stdout and of stderr an exec call
+	// returns (the tail is kept). Default 1 MiB.
+	MaxOutput int
+}
+
+// Server serves the API.
+type Server struct {
+	cfg   Config
+	mgr   *sandbox.Manager
+	store *store.Store
+	log   *slog.Logger
+	mux   *http.ServeMux
+	agent http.Handler
+}
+
+// New returns a Server.
+func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *Server {
+	if cfg.MaxOutput <= 0 {
+		cfg.MaxOutput = 1 << 20
+	}
+	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux()}
+	s.agent = newAgentProxy(mgr, log)
+	s.routes()
+	return s
+}
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.Handle("POST /v1/sandboxes", s.auth(s.createSandbox))
+	s.mux.Handle("GET /v1/sandboxes", s.auth(s.listSandboxes))
+	s.mux.Handle("GET /v1/sandboxes/{id}", s.auth(s.getSandbox))
+	s.mux.Handle("DELETE /v1/sandboxes/{id}", s.auth(s.killSandbox))
+	s.mux.Handle("POST /v1/sandboxes/{id}/timeout", s.auth(s.setTimeout))
+	s.mux.Handle("POST /v1/sandboxes/{id}/exec", s.auth(s.exec))
+	s.mux.Handle("GET /v1/sandboxes/{id}/commands", s.auth(s.listCommands))
+	s.mux.Handle("/v1/sandboxes/{id}/agent/", s.auth(s.agentRoute))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path)
+	})
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// apiKey returns the key a request carries: X-API-Key, else a Bearer token.
+func apiKey(r *http.Request) string {
+	if k := r.Header.Get("X-API-Key"); k != "" {
+		return k
+	}
+	if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+		return strings.TrimSpace(a[7:])
+	}
+	return ""
+}
+
+func (s *Server) auth(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := apiKey(r)
+		ok := false
+		if key != "" && len(key) <= 256 {
+			var err error
+			ok, err = s.store.CheckAPIKey(r.Context(), key)
+			if err != nil {
+				s.writeErr(w, r, err)
+				return
+			}
+		}
+		// Compare something anyway so a missing key costs the same.
+		_ = subtle.ConstantTimeCompare([]byte(key), []byte(key))
+		if !ok {
+			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "missing or invalid API key (X-API-Key or Authorization: Bearer)")
+			return
+		}
+		h(w, r)
+	})
+}
+
+type ctxKey int
+
+const sandboxIDKey ctxKey = 0
+
+func withSandboxID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, sandboxIDKey, id)
+}
+
+func sandboxIDFrom(ctx context.Context) string {
+	id, _ := ctx.Value(sandboxIDKey).(string)
+	return id
+}

@@ -1,0 +1,429 @@
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/go-runc"
+	"github.com/corralhq/corral/internal/cgroups"
+	"github.com/corralhq/corral/internal/runtime"
+	"golang.org/x/sys/unix"
+)
+
+// Options configure the driver.
+type Options struct {
+	// StateDir holds one directory per sandbox (bundle, mounts, socket).
+	StateDir string
+	// AgentBinary is the host path of the static corral binary that is
+	// bind-mounted read-only into every sandbox as its init.
+	AgentBinary string
+	// RuncPath and RunscPath name the runtime binaries (defaults: found in PATH).
+	RuncPath, RunscPath string
+	// RunscPlatform is gVisor's platform (default "ptrace": no KVM needed).
+	RunscPlatform string
+	// UIDBase is the host uid (and gid) that sandbox root maps to.
+	UIDBase uint32
+	// StartTimeout bounds how long Start waits for the agent (default 20 s).
+	StartTimeout time.Duration
+}
+
+// CgroupParent is the cgroup under which every sandbox's cgroup lives.
+const CgroupParent = "/corral"
+
+// IDRange is the number of uids and gids mapped into a sandbox.
+const IDRange = 65536
+
+var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,39}$`)
+
+// Driver runs sandboxes with runc or runsc.
+type Driver struct {
+	opts  Options
+	runc  *runc.Runc
+	runsc *runc.Runc
+}
+
+var _ runtime.Driver = (*Driver)(nil)
+
+// New returns a driver after checking that the state directory and the
+// agent binary are usable.
+func New(o Options) (*Driver, error) {
+	if o.StateDir == "" || o.AgentBinary == "" {
+		return nil, errors.New("oci driver: StateDir and AgentBinary are required")
+	}
+	if o.UIDBase == 0 {
+		o.UIDBase = 100000
+	}
+	if o.RunscPlatform == "" {
+		o.RunscPlatform = "ptrace"
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = 20 * time.Second
+	}
+	if o.RuncPath == "" {
+		o.RuncPath = "runc"
+	}
+	if o.RunscPath == "" {
+		o.RunscPath = "runsc"
+	}
+	if err := os.MkdirAll(o.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("oci driver: state dir: %w", err)
+	}
+	if _, err := os.Stat(o.AgentBinary); err != nil {
+		return nil, fmt.Errorf("oci driver: agent binary: %w", err)
+	}
+	d := &Driver{opts: o}
+	d.runc = &runc.Runc{Command: o.RuncPath, Root: "/run/corral/runc"}
+	d.runsc = &runc.Runc{Command: o.RunscPath, Root: "/run/corral/runsc", ExtraArgs: []string{
+		"--platform=" + o.RunscPlatform, "--network=none", "--host-uds=all",
+	}}
+	return d, nil
+}
+
+func (d *Driver) dir(id string) string        { return filepath.Join(d.opts.StateDir, id) }
+func (d *Driver) cgroupPath(id string) string { return CgroupParent + "/" + id }
+
+func (d *Driver) binary(rt runtime.Runtime) *runc.Runc {
+	if rt == runtime.GVisor {
+		return d.runsc
+	}
+	return d.runc
+}
+
+// runtimeOf reads which runtime a sandbox was started with.
+func (d *Driver) runtimeOf(id string) runtime.Runtime {
+	b, err := os.ReadFile(filepath.Join(d.dir(id), "runtime"))
+	if err == nil && runtime.Runtime(strings.TrimSpace(string(b))) == runtime.GVisor {
+		return runtime.GVisor
+	}
+	return runtime.Runc
+}
+
+// Start prepares the sandbox's file systems and bundle and runs it.
+func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Handle, err error) {
+	if !idPattern.MatchString(cfg.ID) {
+		return nil, fmt.Errorf("invalid sandbox id %q", cfg.ID)
+	}
+	if !cfg.Runtime.Valid() {
+		return nil, fmt.Errorf("invalid runtime %q", cfg.Runtime)
+	}
+	dir := d.dir(cfg.ID)
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("sandbox dir: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = d.Stop(context.WithoutCancel(ctx), cfg.ID, 0)
+		}
+	}()
+	if err := os.WriteFile(filepath.Join(dir, "runtime"), []byte(cfg.Runtime), 0o600); err != nil {
+		return nil, err
+	}
+	rootfs, runDir, err := d.prepareFS(dir, cfg)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := buildSpec(specInput{
+		cfg: cfg, rootfs: rootfs, runDir: runDir, agentBin: d.opts.AgentBinary,
+		uidBase: d.opts.UIDBase, idRange: IDRange, cgroupDir: d.cgroupPath(cfg.ID),
+	})
+	if err != nil {
+		return nil, err
+	}
+	data, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600); err != nil {
+		return nil, fmt.Errorf("write bundle: %w", err)
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	rc := d.binary(cfg.Runtime)
+	// The runtime process must outlive the request that started it.
+	runCtx := context.WithoutCancel(ctx)
+	if _, err := rc.Run(runCtx, cfg.ID, dir, &runc.CreateOpts{Detach: true, IO: fileIO{logf}}); err != nil {
+		return nil, fmt.Errorf("%s run: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
+	}
+	st, err := rc.State(ctx, cfg.ID)
+	if err != nil {
+		return nil, fmt.Errorf("%s state: %w", rc.Command, err)
+	}
+	if err := d.waitAgent(ctx, cfg.ID); err != nil {
+		return nil, fmt.Errorf("agent did not start: %w%s", err, tail(filepath.Join(dir, "agent.log")))
+	}
+	return &runtime.Handle{ID: cfg.ID, Pid: st.Pid}, nil
+}
+
+// prepareFS mounts the size-capped tmpfs for the writable layer and the
+// overlay root, and creates the agent's socket directory.
+func (d *Driver) prepareFS(dir string, cfg runtime.Config) (rootfs, runDir string, err error) {
+	uid := int(d.opts.UIDBase)
+	disk := filepath.Join(dir, "disk")
+	rootfs = filepath.Join(dir, "rootfs")
+	runDir = filepath.Join(dir, "run")
+	for _, p := range []string{disk, rootfs, runDir} {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			return "", "", err
+		}
+	}
+	size := cfg.Resources.DiskBytes
+	inodes := size / 2048
+	if inodes < 4096 {
+		inodes = 4096
+	}
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755,uid=%d,gid=%d", size, inodes, uid, uid)
+	if err := unix.Mount("tmpfs", disk, "tmpfs", unix.MS_NODEV|unix.MS_NOSUID, opts); err != nil {
+		return "", "", fmt.Errorf("mount writable layer: %w", err)
+	}
+	upper, work := filepath.Join(disk, "upper"), filepath.Join(disk, "work")
+	for _, p := range []string{upper, work} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return "", "", err
+		}
+	}
+	if err := os.Chown(upper, uid, uid); err != nil {
+		return "", "", err
+	}
+	ov := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", cfg.RootFS, upper, work)
+	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NODEV, ov); err != nil {
+		return "", "", fmt.Errorf("mount overlay: %w", err)
+	}
+	if err := os.Chown(runDir, uid, uid); err != nil {
+		return "", "", err
+	}
+	return rootfs, runDir, nil
+}
+
+// waitAgent polls the agent socket until it accepts a connection.
+func (d *Driver) waitAgent(ctx context.Context, id string) error {
+	deadline := time.Now().Add(d.opts.StartTimeout)
+	delay := time.Millisecond
+	for {
+		c, err := d.Dial(ctx, id)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		if !d.Alive(id) {
+			return errors.New("sandbox init exited")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// Dial connects to the sandbox's agent socket.
+//
+// Code inside the sandbox controls the socket directory: root in the
+// sandbox could replace agent.sock with a symlink to a host socket (a
+// container runtime's, say) so that the control plane would connect there
+// on its behalf. Dial therefore opens the path with O_PATH|O_NOFOLLOW,
+// checks it is a socket, and connects through /proc/self/fd, so no symlink
+// is ever followed. TestDialRefusesSymlinkedSocket is the regression test.
+func (d *Driver) Dial(ctx context.Context, id string) (net.Conn, error) {
+	if !idPattern.MatchString(id) {
+		return nil, runtime.ErrNotFound
+	}
+	return dialNoFollow(ctx, filepath.Join(d.dir(id), "run", SocketName))
+}
+
+func dialNoFollow(ctx context.Context, path string) (net.Conn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open agent socket: %w", err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("agent socket %s is not a socket", filepath.Base(path))
+	}
+	var dl net.Dialer
+	return dl.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
+}
+
+// Alive reports whether the sandbox's init is running.
+func (d *Driver) Alive(id string) bool {
+	st, err := d.binary(d.runtimeOf(id)).State(context.Background(), id)
+	return err == nil && (st.Status == "running" || st.Status == "created")
+}
+
+// Stats reads the sandbox's cgroup.
+func (d *Driver) Stats(id string) (runtime.Stats, error) {
+	g := cgroups.Open(d.cgroupPath(id))
+	var s runtime.Stats
+	var err error
+	if s.OOMKills, err = g.OOMKills(); err != nil {
+		return s, fmt.Errorf("read cgroup of %s: %w", id, err)
+	}
+	s.MemoryBytes, _ = g.MemoryBytes()
+	s.Pids, _ = g.Pids()
+	s.CPUSeconds, _ = g.CPUSeconds()
+	return s, nil
+}
+
+// Stop kills every process of the sandbox and removes all it held.
+func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("invalid sandbox id %q", id)
+	}
+	ctx = context.WithoutCancel(ctx)
+	rt := d.runtimeOf(id)
+	rc := d.binary(rt)
+	var errs []error
+	if _, err := rc.State(ctx, id); err == nil {
+		if grace > 0 {
+			_ = rc.Kill(ctx, id, int(syscall.SIGTERM), &runc.KillOpts{All: true})
+			d.waitEmpty(id, rt, grace)
+		}
+		_ = rc.Kill(ctx, id, int(syscall.SIGKILL), &runc.KillOpts{All: true})
+		d.waitEmpty(id, rt, 5*time.Second)
+		if err := rc.Delete(ctx, id, &runc.DeleteOpts{Force: true}); err != nil {
+			errs = append(errs, fmt.Errorf("%s delete: %w", rc.Command, err))
+		}
+	}
+	dir := d.dir(id)
+	for _, m := range []string{filepath.Join(dir, "rootfs"), filepath.Join(dir, "disk")} {
+		if err := unmount(m); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := d.removeCgroups(id); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove sandbox dir: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// waitEmpty waits until the sandbox has no process left, or timeout.
+func (d *Driver) waitEmpty(id string, rt runtime.Runtime, timeout time.Duration) {
+	g := cgroups.Open(d.cgroupPath(id))
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		procs, err := g.Procs()
+		if err != nil || len(procs) == 0 {
+			if rt == runtime.Runc {
+				return
+			}
+			// runsc's sandbox processes may live outside the container
+			// cgroup: also wait for the runtime to report it stopped.
+			if st, err := d.runsc.State(context.Background(), id); err != nil || st.Status == "stopped" {
+				return
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// removeCgroups removes cgroup directories the runtime left behind.
+func (d *Driver) removeCgroups(id string) error {
+	g := cgroups.Open(d.cgroupPath(id))
+	var errs []error
+	for _, dir := range g.Dirs() {
+		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmount unmounts path if something is mounted there.
+func unmount(path string) error {
+	for i := 0; i < 50; i++ {
+		err := unix.Unmount(path, 0)
+		if err == nil {
+			continue // unmount stacked mounts too
+		}
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil // not a mount point (any more)
+		}
+		if errors.Is(err, unix.EBUSY) {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		return fmt.Errorf("unmount %s: %w", filepath.Base(path), err)
+	}
+	return fmt.Errorf("unmount %s: still busy", filepath.Base(path))
+}
+
+// List returns ids found in the state dir or known to either runtime.
+func (d *Driver) List(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	ents, err := os.ReadDir(d.opts.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		if idPattern.MatchString(e.Name()) {
+			seen[e.Name()] = true
+		}
+	}
+	for _, rc := range []*runc.Runc{d.runc, d.runsc} {
+		if _, err := exec.LookPath(rc.Command); err != nil {
+			continue
+		}
+		cs, err := rc.List(ctx)
+		if err != nil {
+			continue
+		}
+		for _, c := range cs {
+			seen[c.ID] = true
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// fileIO gives the runtime a log file as the container's stdio.
+type fileIO struct{ f *os.File }
+
+func (fileIO) Close() error          { return nil }
+func (fileIO) Stdin() io.WriteCloser { return nil }
+func (fileIO) Stdout() io.ReadCloser { return nil }
+func (fileIO) Stderr() io.ReadCloser { return nil }
+func (i fileIO) Set(cmd *exec.Cmd)   { cmd.Stdout, cmd.Stderr = i.f, i.f }
+
+// tail returns the last lines of a log file for error messages.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 800 {
+		b = b[len(b)-800:]
+	}
+	return ": " + strings.TrimSpace(string(b))
+}

@@ -1,0 +1,149 @@
+package oci
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/corralhq/corral/internal/runtime"
+	"github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Paths inside the sandbox.
+const (
+	// AgentPath is where the read-only agent binary is mounted.
+	AgentPath = "/.corral/agent"
+	// RunDir is the per-sandbox directory that holds the agent's socket.
+	RunDir = "/run/corral"
+	// SocketName is the agent socket's name inside RunDir.
+	SocketName = "agent.sock"
+)
+
+// capabilities is the minimal set for the sandbox's root (the agent and
+// code run through sudo). It is Docker's default set without NET_RAW (raw
+// sockets, CVE-2020-14386), MKNOD and SETFCAP. Code run as `user` has none.
+var capabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+	"CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
+}
+
+// maskedPaths and readonlyPaths are runc's defaults: kernel interfaces
+// that leak host data or change the host (ATTACKS.md #4).
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
+	"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+	"/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+}
+
+var readonlyPaths = []string{
+	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+}
+
+// specInput is what Spec needs beyond the runtime.Config.
+type specInput struct {
+	cfg       runtime.Config
+	rootfs    string // the mounted overlay
+	runDir    string // host dir holding the agent socket
+	agentBin  string // host path of the static corral binary
+	uidBase   uint32 // host uid that sandbox root maps to
+	idRange   uint32
+	cgroupDir string
+}
+
+// cpuPeriod is the CFS period; the quota is cpu*period.
+const cpuPeriod = 100000
+
+// buildSpec writes the OCI runtime spec of a sandbox with corral's
+// hardening defaults: every namespace including a user namespace that maps
+// sandbox root to an unprivileged host range, Docker's seccomp profile, a
+// minimal capability set, masked /proc paths, and no host mount but the
+// read-only agent binary and the agent's socket directory.
+func buildSpec(in specInput) (*specs.Spec, error) {
+	cfg := in.cfg
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	keys := make([]string, 0, len(cfg.Env))
+	for k := range cfg.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, "CORRAL_ENV_"+k+"="+cfg.Env[k])
+	}
+	user := cfg.DefaultUser
+	if user == "" {
+		user = "user"
+	}
+	caps := &specs.LinuxCapabilities{
+		Bounding:  capabilities,
+		Effective: capabilities,
+		Permitted: capabilities,
+	}
+	nofile := uint64(cfg.Resources.Nofile)
+	// No RLIMIT_FSIZE: the tmpfs cap must surface as ENOSPC, not SIGXFSZ.
+	rlimits := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}}
+	mem := cfg.Resources.MemoryBytes
+	quota := int64(cfg.Resources.CPU * cpuPeriod)
+	period := uint64(cpuPeriod)
+	pids := cfg.Resources.Pids
+	swappiness := uint64(0)
+	disableOOMKiller := false
+	ro := []string{"nosuid", "noexec", "nodev", "ro"}
+
+	s := &specs.Spec{
+		Version: "1.0.2",
+		Process: &specs.Process{
+			User:            specs.User{UID: 0, GID: 0},
+			Args:            []string{AgentPath, "agent", "--socket", RunDir + "/" + SocketName, "--default-user", user},
+			Env:             env,
+			Cwd:             "/",
+			Capabilities:    caps,
+			Rlimits:         rlimits,
+			NoNewPrivileges: cfg.NoNewPrivileges,
+		},
+		Root:     &specs.Root{Path: in.rootfs},
+		Hostname: "corral",
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: ro},
+			{Destination: AgentPath, Type: "bind", Source: in.agentBin, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			{Destination: RunDir, Type: "bind", Source: in.runDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
+		},
+		Linux: &specs.Linux{
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: in.uidBase, Size: in.idRange}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: in.uidBase, Size: in.idRange}},
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.UserNamespace},
+				{Type: specs.CgroupNamespace},
+			},
+			CgroupsPath: in.cgroupDir,
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				Memory: &specs.LinuxMemory{
+					Limit: &mem, Swap: &mem, Swappiness: &swappiness,
+					DisableOOMKiller: &disableOOMKiller,
+				},
+				CPU:  &specs.LinuxCPU{Quota: &quota, Period: &period},
+				Pids: &specs.LinuxPids{Limit: &pids},
+			},
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+		},
+	}
+	if cfg.Resources.CPU <= 0 {
+		s.Linux.Resources.CPU = nil
+	}
+	if in.cfg.Runtime != runtime.GVisor {
+		prof, err := seccomp.GetDefaultProfile(s)
+		if err != nil {
+			return nil, fmt.Errorf("seccomp profile: %w", err)
+		}
+		s.Linux.Seccomp = prof
+	}
+	return s, nil
+}

@@ -1,0 +1,108 @@
+// Package runtime defines the contract between the sandbox manager and the
+// isolation technology that runs a sandbox. Drivers (runtime/oci for runc
+// and runsc; later a Kubernetes driver) know nothing of HTTP or the store:
+// they start a sandbox whose agent listens on a socket, report what they
+// hold, and tear a sandbox down completely.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+)
+
+// Runtime names an OCI runtime a sandbox runs under.
+type Runtime string
+
+// The runtimes corral supports.
+const (
+	// Runc is the default runtime: Linux namespaces, cgroups and seccomp.
+	Runc Runtime = "runc"
+	// GVisor is runsc, gVisor's user-space kernel: a stronger boundary at
+	// some cost in syscall speed and compatibility.
+	GVisor Runtime = "gvisor"
+)
+
+// Valid reports whether r names a supported runtime.
+func (r Runtime) Valid() bool { return r == Runc || r == GVisor }
+
+// Resources are the hard limits of one sandbox, applied by cgroups, rlimits
+// and the size of the writable layer.
+type Resources struct {
+	// CPU is the CPU quota in cores (0.5 = half a core).
+	CPU float64
+	// MemoryBytes limits memory; swap is limited to the same value so the
+	// sandbox cannot escape the limit into swap.
+	MemoryBytes int64
+	// DiskBytes caps the writable layer (the tmpfs under the overlay).
+	DiskBytes int64
+	// Pids caps the number of tasks (processes and threads).
+	Pids int64
+	// Nofile is RLIMIT_NOFILE for every process.
+	Nofile int64
+}
+
+// Config describes a sandbox to start.
+type Config struct {
+	// ID is the sandbox id: [a-z0-9], at most 32 characters.
+	ID string
+	// Runtime selects runc or gVisor.
+	Runtime Runtime
+	// RootFS is the template's read-only root filesystem (the overlay's
+	// lower layer). Its files are owned by the shifted uid range.
+	RootFS string
+	// Resources are the sandbox's limits.
+	Resources Resources
+	// Env is passed to every process started in the sandbox.
+	Env map[string]string
+	// NoNewPrivileges is set for templates that do not offer sudo.
+	NoNewPrivileges bool
+	// DefaultUser is the user commands run as when the caller names none.
+	DefaultUser string
+}
+
+// Handle is a running sandbox as the driver sees it.
+type Handle struct {
+	// ID is the sandbox id.
+	ID string
+	// Pid is the host pid of the sandbox's init (the agent).
+	Pid int
+}
+
+// Stats is a point-in-time reading of a sandbox's cgroup.
+type Stats struct {
+	// OOMKills counts processes the kernel killed at the memory limit.
+	OOMKills uint64
+	// MemoryBytes is current memory use.
+	MemoryBytes int64
+	// Pids is the current number of tasks.
+	Pids int64
+	// CPUSeconds is the CPU time used since start.
+	CPUSeconds float64
+}
+
+// ErrNotFound is returned for a sandbox the driver does not hold.
+var ErrNotFound = errors.New("sandbox not found in runtime")
+
+// Driver starts and stops sandboxes. Implementations must make Stop total:
+// when it returns nil no process, mount, cgroup, namespace or file of the
+// sandbox is left on the host.
+type Driver interface {
+	// Start creates and starts a sandbox and returns once its agent is
+	// accepting connections.
+	Start(ctx context.Context, cfg Config) (*Handle, error)
+	// Stop terminates every process of the sandbox (SIGTERM, then SIGKILL of
+	// the whole sandbox after grace) and removes everything it held on the
+	// host. Stopping an unknown or already stopped sandbox is not an error.
+	Stop(ctx context.Context, id string, grace time.Duration) error
+	// List returns the ids of every sandbox the driver finds on the host,
+	// running or half torn down, so that orphans can be reclaimed.
+	List(ctx context.Context) ([]string, error)
+	// Dial connects to the sandbox's agent.
+	Dial(ctx context.Context, id string) (net.Conn, error)
+	// Stats reads the sandbox's cgroup counters.
+	Stats(id string) (Stats, error)
+	// Alive reports whether the sandbox's init process is still running.
+	Alive(id string) bool
+}

@@ -1,0 +1,208 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/proto/process"
+	"github.com/corralhq/corral/proto/process/processconnect"
+)
+
+// AgentURL is the base URL used for requests to a sandbox's agent; the
+// host part is ignored, connections go over the sandbox's socket.
+const AgentURL = "http://agent"
+
+type lifetimeKey struct{}
+
+// WithLifetime returns a context that makes agent requests carry a
+// Connect-Timeout-Ms header of d without giving the request itself a
+// deadline: the agent kills the process when d elapses and still delivers
+// its end event. (connect-go drops protocol headers set by callers.)
+func WithLifetime(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, lifetimeKey{}, d)
+}
+
+// lifetimeTransport sets Connect-Timeout-Ms from the request's context.
+type lifetimeTransport struct{ next http.RoundTripper }
+
+func (t lifetimeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if d, ok := r.Context().Value(lifetimeKey{}).(time.Duration); ok && d > 0 {
+		r = r.Clone(r.Context())
+		ms := d.Milliseconds()
+		if ms < 1 {
+			ms = 1
+		}
+		r.Header.Set("Connect-Timeout-Ms", strconv.FormatInt(ms, 10))
+	}
+	return t.next.RoundTrip(r)
+}
+
+type agentClients struct {
+	mu sync.Mutex
+	// byID caches one HTTP client per sandbox; guarded by mu.
+	byID map[string]*http.Client
+}
+
+// AgentHTTP returns an HTTP client whose connections reach the agent of
+// sandbox id (use with AgentURL).
+func (m *Manager) AgentHTTP(id string) *http.Client {
+	m.clients.mu.Lock()
+	defer m.clients.mu.Unlock()
+	if c, ok := m.clients.byID[id]; ok {
+		return c
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return m.Dial(ctx, id)
+		},
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+	c := &http.Client{Transport: lifetimeTransport{tr}}
+	if m.clients.byID == nil {
+		m.clients.byID = map[string]*http.Client{}
+	}
+	m.clients.byID[id] = c
+	return c
+}
+
+func (m *Manager) dropClient(id string) {
+	m.clients.mu.Lock()
+	c, ok := m.clients.byID[id]
+	delete(m.clients.byID, id)
+	m.clients.mu.Unlock()
+	if ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// ProcessClient returns a connect client for the sandbox agent's process service.
+func (m *Manager) ProcessClient(id string) processconnect.ProcessClient {
+	return processconnect.NewProcessClient(m.AgentHTTP(id), AgentURL)
+}
+
+// Process is a command started in a sandbox, streamed from its agent and
+// recorded in the store when it ends.
+type Process struct {
+	m        *Manager
+	id       string
+	stream   *connect.ServerStreamForClient[process.StartResponse]
+	cancel   context.CancelFunc
+	rec      store.Command
+	oomStart uint64
+	done     bool
+}
+
+// StartProcess starts a command through the sandbox's agent. lifetime > 0
+// bounds the command's run time (its process group is killed when it
+// elapses). The stream ends when the command ends or ctx is canceled;
+// canceling does not kill the command.
+func (m *Manager) StartProcess(ctx context.Context, id string, req *process.StartRequest, user string, lifetime time.Duration) (*Process, error) {
+	if !m.Running(id) {
+		return nil, ErrNotFound
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	creq := connect.NewRequest(req)
+	if user != "" {
+		creq.Header().Set("Authorization", BasicUser(user))
+	}
+	p := &Process{m: m, id: id, cancel: cancel}
+	if st, err := m.driver.Stats(id); err == nil {
+		p.oomStart = st.OOMKills
+	}
+	stream, err := m.ProcessClient(id).Start(WithLifetime(ctx, lifetime), creq)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	p.stream = stream
+	cfg := req.GetProcess()
+	p.rec = store.Command{
+		SandboxID: id, StartedAt: time.Now().UTC(),
+		Command: strings.Join(append([]string{cfg.GetCmd()}, cfg.GetArgs()...), " "),
+		Cwd:     cfg.GetCwd(), User: user,
+	}
+	if p.rec.User == "" {
+		p.rec.User = "user"
+	}
+	if rid, err := m.store.StartCommand(context.WithoutCancel(ctx), &p.rec); err == nil {
+		p.rec.ID = rid
+	}
+	return p, nil
+}
+
+// Receive returns the next event, or nil and the error that ended the
+// stream (nil error at a clean end). End events get EndReason "oom" when
+// the sandbox's memory limit killed a process during the command.
+func (p *Process) Receive() (*process.StartResponse, error) {
+	if !p.stream.Receive() {
+		err := p.stream.Err()
+		p.finish(nil, err)
+		return nil, err
+	}
+	msg := p.stream.Msg()
+	ev := msg.GetEvent()
+	if d := ev.GetData(); d != nil {
+		p.rec.StdoutBytes += int64(len(d.GetStdout())) + int64(len(d.GetPty()))
+		p.rec.StderrBytes += int64(len(d.GetStderr()))
+	}
+	if end := ev.GetEnd(); end != nil {
+		if end.GetEndReason() == "" && !end.GetExited() {
+			end.EndReason = "killed"
+			if st, err := p.m.driver.Stats(p.id); err == nil && st.OOMKills > p.oomStart {
+				end.EndReason = EndOOM
+			}
+		}
+		if end.GetTimedOut() {
+			end.EndReason = "timeout"
+		}
+		p.finish(end, nil)
+	}
+	return msg, nil
+}
+
+func (p *Process) finish(end *process.ProcessEvent_EndEvent, err error) {
+	if p.done {
+		return
+	}
+	p.done = true
+	now := time.Now().UTC()
+	p.rec.EndedAt = &now
+	if end != nil {
+		code := int(end.GetExitCode())
+		p.rec.ExitCode = &code
+		p.rec.TimedOut = end.GetTimedOut()
+		p.rec.EndReason = end.GetEndReason()
+	} else if err != nil {
+		p.rec.EndReason = "stream: " + err.Error()
+		if len(p.rec.EndReason) > 200 {
+			p.rec.EndReason = p.rec.EndReason[:200]
+		}
+	}
+	if p.rec.ID != 0 {
+		if err := p.m.store.EndCommand(context.Background(), &p.rec); err != nil {
+			p.m.log.Error("record command end", "sandbox", p.id, "err", err)
+		}
+	}
+}
+
+// Close releases the stream.
+func (p *Process) Close() {
+	p.cancel()
+	_ = p.stream.Close()
+	p.finish(nil, fmt.Errorf("closed"))
+}
+
+// BasicUser is the Authorization header value that selects user on agent calls.
+func BasicUser(user string) string {
+	return "Basic " + basic64(user+":")
+}

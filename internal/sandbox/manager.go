@@ -1,0 +1,515 @@
+// Package sandbox is the sandbox manager: it validates create requests,
+// starts sandboxes through a runtime driver, keeps each sandbox's record in
+// the store, enforces lifetimes (TTL), notices sandboxes that died, and on
+// start reconciles the records with what the host still holds.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/corralhq/corral/internal/runtime"
+	"github.com/corralhq/corral/internal/store"
+)
+
+// Errors the API maps to stable codes.
+var (
+	// ErrNotFound: no such sandbox, or it has ended.
+	ErrNotFound = errors.New("sandbox not found")
+	// ErrCapacity: the server runs its maximum number of sandboxes.
+	ErrCapacity = errors.New("too many sandboxes running")
+)
+
+// End reasons recorded for a sandbox.
+const (
+	EndKilled   = "killed"
+	EndTTL      = "ttl"
+	EndOOM      = "oom"
+	EndError    = "error"
+	EndOrphaned = "orphaned"
+	EndShutdown = "shutdown"
+)
+
+// TemplateSource resolves a template name to its read-only rootfs.
+type TemplateSource interface {
+	RootFS(name string) (string, error)
+}
+
+// Config configures a Manager.
+type Config struct {
+	// DefaultTemplate is used when a request names none (default "base").
+	DefaultTemplate string
+	// DefaultTTL is a sandbox's lifetime when the request gives none (300 s).
+	DefaultTTL time.Duration
+	// KillGrace is the time between SIGTERM and SIGKILL on kill (3 s).
+	KillGrace time.Duration
+	// MaxSandboxes caps running sandboxes (default 50).
+	MaxSandboxes int
+	// WatchInterval is how often running sandboxes are checked for death (1 s).
+	WatchInterval time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.DefaultTemplate == "" {
+		c.DefaultTemplate = "base"
+	}
+	if c.DefaultTTL == 0 {
+		c.DefaultTTL = 300 * time.Second
+	}
+	if c.KillGrace == 0 {
+		c.KillGrace = 3 * time.Second
+	}
+	if c.MaxSandboxes == 0 {
+		c.MaxSandboxes = 50
+	}
+	if c.WatchInterval == 0 {
+		c.WatchInterval = time.Second
+	}
+}
+
+// Manager owns the lifecycle of every sandbox.
+type Manager struct {
+	cfg       Config
+	store     *store.Store
+	driver    runtime.Driver
+	templates TemplateSource
+	log       *slog.Logger
+
+	// mu guards live.
+	mu sync.Mutex
+	// live holds the sandboxes this process runs, by id.
+	live map[string]*liveSandbox
+
+	clients agentClients
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+type liveSandbox struct {
+	rec    *store.Sandbox
+	pid    int
+	timer  *time.Timer
+	ending bool // Kill in progress; guarded by Manager.mu
+}
+
+// New returns a Manager; call Reconcile before serving requests.
+func New(cfg Config, st *store.Store, d runtime.Driver, t TemplateSource, log *slog.Logger) *Manager {
+	cfg.setDefaults()
+	if log == nil {
+		log = slog.Default()
+	}
+	m := &Manager{cfg: cfg, store: st, driver: d, templates: t, log: log,
+		live: map[string]*liveSandbox{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go m.watch()
+	return m
+}
+
+// CreateRequest is what a caller asks for.
+type CreateRequest struct {
+	Template       string            `json:"template"`
+	Runtime        string            `json:"runtime"`
+	Tier           string            `json:"tier"`
+	Resources      *ResourceRequest  `json:"resources"`
+	Timeout        *int64            `json:"timeout"`         // TTL seconds
+	CommandTimeout *int64            `json:"command_timeout"` // seconds
+	Env            map[string]string `json:"env"`
+	Metadata       map[string]string `json:"metadata"`
+	Network        string            `json:"network"`
+}
+
+var (
+	envNameRe      = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,255}$`)
+	templateNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}(:[a-z0-9._-]{1,64})?$`)
+)
+
+// validate fills defaults and checks every field; it changes nothing.
+func (m *Manager) validate(req *CreateRequest) (*store.Sandbox, runtime.Config, error) {
+	var rc runtime.Config
+	if req.Template == "" {
+		req.Template = m.cfg.DefaultTemplate
+	}
+	if !templateNameRe.MatchString(req.Template) {
+		return nil, rc, invalid("template %q is not a valid name", req.Template)
+	}
+	if req.Runtime == "" {
+		req.Runtime = string(runtime.Runc)
+	}
+	if !runtime.Runtime(req.Runtime).Valid() {
+		return nil, rc, invalid("runtime must be runc or gvisor")
+	}
+	if req.Tier == "" {
+		req.Tier = DefaultTier
+	}
+	tier, ok := Tiers[req.Tier]
+	if !ok {
+		return nil, rc, invalid("tier must be light, medium or heavy")
+	}
+	res, err := resolveResources(tier, req.Resources)
+	if err != nil {
+		return nil, rc, err
+	}
+	ttl := m.cfg.DefaultTTL
+	if req.Timeout != nil {
+		ttl = time.Duration(*req.Timeout) * time.Second
+		if *req.Timeout < 1 || ttl > MaxTTL {
+			return nil, rc, invalid("timeout must be between 1 and %d seconds", int64(MaxTTL/time.Second))
+		}
+	}
+	cmdTimeout := tier.CommandTimeout
+	if req.CommandTimeout != nil {
+		cmdTimeout = time.Duration(*req.CommandTimeout) * time.Second
+		if *req.CommandTimeout < 0 || cmdTimeout > MaxCommandTimeout {
+			return nil, rc, invalid("command_timeout must be between 0 and %d seconds", int64(MaxCommandTimeout/time.Second))
+		}
+	}
+	if len(req.Env) > MaxEnvVars {
+		return nil, rc, invalid("at most %d env vars", MaxEnvVars)
+	}
+	size := 0
+	for k, v := range req.Env {
+		if !envNameRe.MatchString(k) {
+			return nil, rc, invalid("env var name %q is not valid", k)
+		}
+		size += len(k) + len(v)
+	}
+	if size > MaxEnvBytes {
+		return nil, rc, invalid("env vars exceed %d bytes", MaxEnvBytes)
+	}
+	if len(req.Metadata) > MaxMetadata {
+		return nil, rc, invalid("at most %d metadata pairs", MaxMetadata)
+	}
+	for k, v := range req.Metadata {
+		if k == "" || len(k) > MaxMetadataKey || len(v) > MaxMetadataValue {
+			return nil, rc, invalid("metadata keys must be 1..%d bytes and values at most %d bytes", MaxMetadataKey, MaxMetadataValue)
+		}
+	}
+	if req.Network == "" {
+		req.Network = "none"
+	}
+	if req.Network != "none" {
+		return nil, rc, invalid(`network must be "none" (egress policies are not available yet)`)
+	}
+	rootfs, err := m.templates.RootFS(req.Template)
+	if err != nil {
+		return nil, rc, invalid("template %q: %v", req.Template, err)
+	}
+	now := time.Now().UTC()
+	rec := &store.Sandbox{
+		ID: newID(), Template: req.Template, Runtime: req.Runtime, Tier: req.Tier,
+		Resources: res, CommandTimeout: cmdTimeout, Network: req.Network,
+		Metadata: req.Metadata, State: store.StateRunning, CreatedAt: now, ExpiresAt: now.Add(ttl),
+	}
+	_, sudoErr := os.Stat(filepath.Join(rootfs, "usr/bin/sudo"))
+	rc = runtime.Config{
+		ID: rec.ID, Runtime: runtime.Runtime(req.Runtime), RootFS: rootfs,
+		Resources: runtime.Resources{
+			CPU: res.CPU, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20,
+			Pids: res.Pids, Nofile: res.Nofile,
+		},
+		Env:             req.Env,
+		NoNewPrivileges: sudoErr != nil,
+		DefaultUser:     "user",
+	}
+	return rec, rc, nil
+}
+
+// newID returns 20 random characters from [a-z0-9], like E2B's ids.
+func newID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}
+
+// Create validates req, starts the sandbox and records it.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error) {
+	rec, rc, err := m.validate(&req)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	if len(m.live) >= m.cfg.MaxSandboxes {
+		m.mu.Unlock()
+		return nil, ErrCapacity
+	}
+	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
+	m.live[rec.ID] = ls
+	m.mu.Unlock()
+
+	if err := m.store.InsertSandbox(ctx, rec); err != nil {
+		m.forget(rec.ID)
+		return nil, err
+	}
+	h, err := m.driver.Start(ctx, rc)
+	if err != nil {
+		m.forget(rec.ID)
+		_ = m.store.EndSandbox(context.WithoutCancel(ctx), rec.ID, EndError, err.Error(), time.Now())
+		return nil, fmt.Errorf("start sandbox %s: %w", rec.ID, err)
+	}
+	m.mu.Lock()
+	ls.pid = h.Pid
+	ls.ending = false
+	ls.timer = time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(rec.ID) })
+	m.mu.Unlock()
+	m.log.Info("sandbox created", "id", rec.ID, "template", rec.Template, "runtime", rec.Runtime)
+	return rec, nil
+}
+
+func (m *Manager) forget(id string) {
+	m.mu.Lock()
+	delete(m.live, id)
+	m.mu.Unlock()
+}
+
+func (m *Manager) expire(id string) {
+	if err := m.end(context.Background(), id, EndTTL, ""); err != nil && !errors.Is(err, ErrNotFound) {
+		m.log.Error("expire sandbox", "id", id, "err", err)
+	}
+}
+
+// Kill stops a running sandbox and records it as killed.
+func (m *Manager) Kill(ctx context.Context, id string) (*store.Sandbox, error) {
+	if err := m.end(ctx, id, EndKilled, ""); err != nil {
+		return nil, err
+	}
+	return m.store.GetSandbox(ctx, id)
+}
+
+// end stops the sandbox and records reason. Only one caller wins.
+func (m *Manager) end(ctx context.Context, id, reason, errText string) error {
+	m.mu.Lock()
+	ls, ok := m.live[id]
+	if !ok || ls.ending {
+		m.mu.Unlock()
+		return ErrNotFound
+	}
+	ls.ending = true
+	if ls.timer != nil {
+		ls.timer.Stop()
+	}
+	m.mu.Unlock()
+	if reason == EndKilled || reason == EndTTL {
+		// A process killed at the memory limit ended the sandbox, whatever came after.
+		if st, err := m.driver.Stats(id); err == nil && st.OOMKills > 0 && !m.driver.Alive(id) {
+			reason = EndOOM
+		}
+	}
+	stopErr := m.driver.Stop(ctx, id, m.cfg.KillGrace)
+	if stopErr != nil {
+		m.log.Error("stop sandbox", "id", id, "err", stopErr)
+		if errText == "" {
+			errText = "teardown: " + stopErr.Error()
+		}
+	}
+	if err := m.store.EndSandbox(context.WithoutCancel(ctx), id, reason, errText, time.Now()); err != nil {
+		return err
+	}
+	m.forget(id)
+	m.dropClient(id)
+	m.log.Info("sandbox ended", "id", id, "reason", reason)
+	return stopErr
+}
+
+// Get returns the record of a sandbox, running or ended.
+func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
+	rec, err := m.store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, ErrNotFound
+	}
+	return rec, err
+}
+
+// List returns sandboxes in state ("" for all) whose metadata contains
+// every pair of match.
+func (m *Manager) List(ctx context.Context, state string, match map[string]string) ([]*store.Sandbox, error) {
+	all, err := m.store.ListSandboxes(ctx, state)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, sb := range all {
+		ok := true
+		for k, v := range match {
+			if sb.Metadata[k] != v {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
+}
+
+// SetTimeout makes a running sandbox expire d from now.
+func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (*store.Sandbox, error) {
+	if d < time.Second || d > MaxTTL {
+		return nil, invalid("timeout must be between 1 and %d seconds", int64(MaxTTL/time.Second))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ls, ok := m.live[id]
+	if !ok || ls.ending {
+		return nil, ErrNotFound
+	}
+	at := time.Now().Add(d).UTC()
+	if err := m.store.SetExpiry(ctx, id, at); err != nil {
+		return nil, err
+	}
+	ls.rec.ExpiresAt = at
+	ls.timer.Reset(d)
+	return m.store.GetSandbox(ctx, id)
+}
+
+// Running reports whether id is a running sandbox of this server.
+func (m *Manager) Running(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ls, ok := m.live[id]
+	return ok && !ls.ending
+}
+
+// Stats reads a running sandbox's cgroup counters.
+func (m *Manager) Stats(id string) (runtime.Stats, error) {
+	if !m.Running(id) {
+		return runtime.Stats{}, ErrNotFound
+	}
+	return m.driver.Stats(id)
+}
+
+// Reconcile compares the store with the host after a (re)start: running
+// records whose sandbox is still alive are adopted (their TTL re-armed),
+// the rest are ended as orphaned; sandboxes the host holds without a
+// running record are torn down.
+func (m *Manager) Reconcile(ctx context.Context) error {
+	recs, err := m.store.ListSandboxes(ctx, store.StateRunning)
+	if err != nil {
+		return err
+	}
+	held, err := m.driver.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list runtime sandboxes: %w", err)
+	}
+	known := map[string]bool{}
+	for _, rec := range recs {
+		known[rec.ID] = true
+		if m.driver.Alive(rec.ID) && time.Now().Before(rec.ExpiresAt) {
+			if c, err := m.driver.Dial(ctx, rec.ID); err == nil {
+				c.Close()
+				m.adopt(rec)
+				continue
+			}
+		}
+		reason := EndOrphaned
+		if !time.Now().Before(rec.ExpiresAt) {
+			reason = EndTTL
+		}
+		if err := m.driver.Stop(ctx, rec.ID, 0); err != nil {
+			m.log.Error("reclaim sandbox", "id", rec.ID, "err", err)
+		}
+		if err := m.store.EndSandbox(ctx, rec.ID, reason, "", time.Now()); err != nil {
+			return err
+		}
+		m.log.Info("reclaimed sandbox", "id", rec.ID, "reason", reason)
+	}
+	for _, id := range held {
+		if known[id] {
+			continue
+		}
+		if err := m.driver.Stop(ctx, id, 0); err != nil {
+			m.log.Error("reclaim orphan", "id", id, "err", err)
+			continue
+		}
+		m.log.Info("reclaimed orphan without record", "id", id)
+	}
+	return nil
+}
+
+func (m *Manager) adopt(rec *store.Sandbox) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id := rec.ID
+	m.live[id] = &liveSandbox{rec: rec, timer: time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(id) })}
+	m.log.Info("adopted running sandbox", "id", id)
+}
+
+// watch notices sandboxes whose init died (for example OOM-killed) and
+// ends them with the right reason.
+func (m *Manager) watch() {
+	defer close(m.done)
+	t := time.NewTicker(m.cfg.WatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		pids := map[string]int{}
+		for id, ls := range m.live {
+			if !ls.ending {
+				pids[id] = ls.pid
+			}
+		}
+		m.mu.Unlock()
+		for id, pid := range pids {
+			if pid > 0 && pidAlive(pid) || pid == 0 && m.driver.Alive(id) {
+				continue
+			}
+			reason := EndError
+			if st, err := m.driver.Stats(id); err == nil && st.OOMKills > 0 {
+				reason = EndOOM
+			}
+			_ = m.end(context.Background(), id, reason, "sandbox init exited")
+		}
+	}
+}
+
+// Shutdown stops the watcher. Sandboxes keep running; a restarted server
+// adopts them (Reconcile). With killAll, every sandbox is killed first.
+func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
+	if killAll {
+		m.mu.Lock()
+		var ids []string
+		for id := range m.live {
+			ids = append(ids, id)
+		}
+		m.mu.Unlock()
+		for _, id := range ids {
+			_ = m.end(ctx, id, EndShutdown, "")
+		}
+	}
+	close(m.stop)
+	<-m.done
+	m.mu.Lock()
+	for _, ls := range m.live {
+		if ls.timer != nil {
+			ls.timer.Stop()
+		}
+	}
+	m.mu.Unlock()
+}
+
+// Dial connects to a running sandbox's agent.
+func (m *Manager) Dial(ctx context.Context, id string) (netConn, error) {
+	if !m.Running(id) {
+		return nil, ErrNotFound
+	}
+	return m.driver.Dial(ctx, id)
+}

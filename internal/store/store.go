@@ -1,0 +1,321 @@
+// Package store keeps corral's records in SQLite (pure Go, WAL mode,
+// synchronous=FULL so a committed record survives a crash): sandboxes,
+// commands and API keys. Records outlive the sandboxes they describe.
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// ErrNotFound is returned when no record matches.
+var ErrNotFound = errors.New("record not found")
+
+// Store is an open corral database.
+type Store struct {
+	db *sql.DB
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS sandboxes (
+	id TEXT PRIMARY KEY,
+	template TEXT NOT NULL,
+	runtime TEXT NOT NULL,
+	tier TEXT NOT NULL,
+	resources TEXT NOT NULL,
+	command_timeout_ms INTEGER NOT NULL,
+	network TEXT NOT NULL,
+	metadata TEXT NOT NULL,
+	state TEXT NOT NULL,
+	created_at INTEGER NOT NULL,
+	expires_at INTEGER NOT NULL,
+	ended_at INTEGER,
+	end_reason TEXT NOT NULL DEFAULT '',
+	error TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state, created_at);
+CREATE TABLE IF NOT EXISTS commands (
+	id INTEGER PRIMARY KEY AUTOINCREMENT,
+	sandbox_id TEXT NOT NULL,
+	started_at INTEGER NOT NULL,
+	ended_at INTEGER,
+	command TEXT NOT NULL,
+	cwd TEXT NOT NULL,
+	user TEXT NOT NULL,
+	exit_code INTEGER,
+	stdout_bytes INTEGER NOT NULL DEFAULT 0,
+	stderr_bytes INTEGER NOT NULL DEFAULT 0,
+	timed_out INTEGER NOT NULL DEFAULT 0,
+	end_reason TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS commands_sandbox ON commands(sandbox_id, id);
+CREATE TABLE IF NOT EXISTS api_keys (
+	hash TEXT PRIMARY KEY,
+	name TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+);
+`
+
+// Open opens (creating if needed) the database at path.
+func Open(path string) (*Store, error) {
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	db.SetMaxOpenConns(1) // one writer; SQLite serialises anyway
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store: %w", err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Resources are a sandbox's recorded limits.
+type Resources struct {
+	CPU      float64 `json:"cpu"`
+	MemoryMB int64   `json:"memory_mb"`
+	DiskMB   int64   `json:"disk_mb"`
+	Pids     int64   `json:"pids"`
+	Nofile   int64   `json:"nofile"`
+}
+
+// Sandbox states.
+const (
+	StateRunning = "running"
+	StateEnded   = "ended"
+)
+
+// Sandbox is the record of one sandbox.
+type Sandbox struct {
+	ID             string
+	Template       string
+	Runtime        string
+	Tier           string
+	Resources      Resources
+	CommandTimeout time.Duration
+	Network        string
+	Metadata       map[string]string
+	State          string
+	CreatedAt      time.Time
+	ExpiresAt      time.Time
+	EndedAt        *time.Time
+	EndReason      string
+	Error          string
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+// InsertSandbox records a new sandbox.
+func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
+	res, _ := json.Marshal(sb.Resources)
+	meta, _ := json.Marshal(orEmpty(sb.Metadata))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
+		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
+		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt))
+	if err != nil {
+		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+func orEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+// EndSandbox marks a sandbox ended with reason (only the first end counts).
+func (s *Store) EndSandbox(ctx context.Context, id, reason, errText string, at time.Time) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state=?, ended_at=?, end_reason=?, error=?
+		WHERE id=? AND state<>?`, StateEnded, ms(at), reason, errText, id, StateEnded)
+	if err != nil {
+		return fmt.Errorf("end sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// SetExpiry changes a running sandbox's expiry time.
+func (s *Store) SetExpiry(ctx context.Context, id string, at time.Time) error {
+	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET expires_at=? WHERE id=? AND state=?`, ms(at), id, StateRunning)
+	if err != nil {
+		return fmt.Errorf("set expiry of %s: %w", id, err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error`
+
+func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
+	var sb Sandbox
+	var res, meta string
+	var ctMS, created, expires int64
+	var ended sql.NullInt64
+	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error); err != nil {
+		return nil, err
+	}
+	_ = json.Unmarshal([]byte(res), &sb.Resources)
+	_ = json.Unmarshal([]byte(meta), &sb.Metadata)
+	sb.CommandTimeout = time.Duration(ctMS) * time.Millisecond
+	sb.CreatedAt = time.UnixMilli(created).UTC()
+	sb.ExpiresAt = time.UnixMilli(expires).UTC()
+	if ended.Valid {
+		t := time.UnixMilli(ended.Int64).UTC()
+		sb.EndedAt = &t
+	}
+	return &sb, nil
+}
+
+// GetSandbox returns the record of id.
+func (s *Store) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id)
+	sb, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// ListSandboxes returns sandboxes in state (all states if empty), newest first.
+func (s *Store) ListSandboxes(ctx context.Context, state string) ([]*Sandbox, error) {
+	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
+	var args []any
+	if state != "" {
+		q += ` WHERE state=?`
+		args = append(args, state)
+	}
+	q += ` ORDER BY created_at DESC, id`
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []*Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// Command is the record of one command run in a sandbox.
+type Command struct {
+	ID          int64
+	SandboxID   string
+	StartedAt   time.Time
+	EndedAt     *time.Time
+	Command     string
+	Cwd         string
+	User        string
+	ExitCode    *int
+	StdoutBytes int64
+	StderrBytes int64
+	TimedOut    bool
+	EndReason   string
+}
+
+// StartCommand records a command as started and returns its record id.
+func (s *Store) StartCommand(ctx context.Context, c *Command) (int64, error) {
+	r, err := s.db.ExecContext(ctx, `INSERT INTO commands (sandbox_id, started_at, command, cwd, user)
+		VALUES (?,?,?,?,?)`, c.SandboxID, ms(c.StartedAt), c.Command, c.Cwd, c.User)
+	if err != nil {
+		return 0, fmt.Errorf("record command: %w", err)
+	}
+	return r.LastInsertId()
+}
+
+// EndCommand records how a command ended.
+func (s *Store) EndCommand(ctx context.Context, c *Command) error {
+	var ended int64
+	if c.EndedAt != nil {
+		ended = ms(*c.EndedAt)
+	}
+	_, err := s.db.ExecContext(ctx, `UPDATE commands SET ended_at=?, exit_code=?, stdout_bytes=?, stderr_bytes=?,
+		timed_out=?, end_reason=? WHERE id=?`, ended, c.ExitCode, c.StdoutBytes, c.StderrBytes, c.TimedOut, c.EndReason, c.ID)
+	if err != nil {
+		return fmt.Errorf("record command end: %w", err)
+	}
+	return nil
+}
+
+// ListCommands returns the commands of a sandbox in order.
+func (s *Store) ListCommands(ctx context.Context, sandboxID string) ([]*Command, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, sandbox_id, started_at, ended_at, command, cwd, user, exit_code,
+		stdout_bytes, stderr_bytes, timed_out, end_reason FROM commands WHERE sandbox_id=? ORDER BY id`, sandboxID)
+	if err != nil {
+		return nil, fmt.Errorf("list commands: %w", err)
+	}
+	defer rows.Close()
+	var out []*Command
+	for rows.Next() {
+		var c Command
+		var started int64
+		var ended sql.NullInt64
+		var exit sql.NullInt64
+		if err := rows.Scan(&c.ID, &c.SandboxID, &started, &ended, &c.Command, &c.Cwd, &c.User, &exit,
+			&c.StdoutBytes, &c.StderrBytes, &c.TimedOut, &c.EndReason); err != nil {
+			return nil, err
+		}
+		c.StartedAt = time.UnixMilli(started).UTC()
+		if ended.Valid && ended.Int64 != 0 {
+			t := time.UnixMilli(ended.Int64).UTC()
+			c.EndedAt = &t
+		}
+		if exit.Valid {
+			v := int(exit.Int64)
+			c.ExitCode = &v
+		}
+		out = append(out, &c)
+	}
+	return out, rows.Err()
+}
+
+// HashKey returns the stored form of an API key.
+func HashKey(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(h[:])
+}
+
+// AddAPIKey stores the hash of key.
+func (s *Store) AddAPIKey(ctx context.Context, name, key string) error {
+	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO api_keys (hash, name, created_at) VALUES (?,?,?)`,
+		HashKey(key), name, ms(time.Now()))
+	if err != nil {
+		return fmt.Errorf("add api key: %w", err)
+	}
+	return nil
+}
+
+// CheckAPIKey reports whether key is a known API key.
+func (s *Store) CheckAPIKey(ctx context.Context, key string) (bool, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM api_keys WHERE hash=?`, HashKey(key)).Scan(&n)
+	if err != nil {
+		return false, fmt.Errorf("check api key: %w", err)
+	}
+	return n > 0, nil
+}

@@ -1,0 +1,514 @@
+package template
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// BuildBase builds the base template (Debian bookworm minbase plus
+// opts.Packages, user "user" with passwordless sudo, ownership shifted by
+// ContainerIDOffset) into cacheDir, or returns the cached build.
+//
+// The build dir is <cacheDir>/base-<first 16 hex digits of opts.Digest()>.
+// If it already holds a complete manifest, BuildBase returns it at once
+// without running anything. Otherwise it builds into a temporary directory
+// next to it and renames that into place at the end; on any failure,
+// including a cancelled ctx, the temporary directory is removed, so a failed
+// build leaves nothing behind. Concurrent builds of the same recipe, in this
+// process or others, are serialized by a lock file: the second waits and
+// then returns the first one's result. An empty cacheDir means
+// DefaultCacheDir(). Building needs root and debootstrap.
+func BuildBase(ctx context.Context, cacheDir string, opts BaseOptions) (Template, error) {
+	if cacheDir == "" {
+		cacheDir = DefaultCacheDir()
+	}
+	pkgs := opts.packages()
+	if err := validatePackages(pkgs); err != nil {
+		return Template{}, fmt.Errorf("build base template: %w", err)
+	}
+	digest := opts.Digest()
+	name := baseDirName(digest)
+	cacheDir, err := filepath.Abs(cacheDir)
+	if err != nil {
+		return Template{}, fmt.Errorf("build base template: cache dir: %w", err)
+	}
+	final := filepath.Join(cacheDir, name)
+
+	if t, err := openBuild(final, digest); err == nil {
+		return t, nil
+	}
+	if os.Geteuid() != 0 {
+		return Template{}, fmt.Errorf("build base template %s: building needs root (debootstrap, chroot, chown)", name)
+	}
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+		return Template{}, fmt.Errorf("build base template: %w", err)
+	}
+	prog := newProgress(opts.Progress)
+	unlock, err := lockFile(ctx, filepath.Join(cacheDir, "."+name+".lock"), func() {
+		prog.step("waiting for another build of %s", name)
+	})
+	if err != nil {
+		return Template{}, fmt.Errorf("build base template %s: %w", name, err)
+	}
+	defer unlock()
+
+	// Another process may have finished the build while we waited.
+	if _, err := os.Lstat(final); err == nil {
+		t, err := openBuild(final, digest)
+		if err != nil {
+			return Template{}, fmt.Errorf("build base template: %s exists but is not a complete build (remove it to rebuild): %w", final, err)
+		}
+		return t, nil
+	}
+	// Leftovers of builds of this recipe killed before they could clean up.
+	// We hold the lock, so none of them is still running.
+	stale, _ := filepath.Glob(filepath.Join(cacheDir, ".tmp-"+name+"-*"))
+	for _, d := range stale {
+		if err := removeTree(d); err != nil {
+			return Template{}, fmt.Errorf("build base template %s: remove stale build: %w", name, err)
+		}
+	}
+
+	tmp, err := os.MkdirTemp(cacheDir, ".tmp-"+name+"-")
+	if err != nil {
+		return Template{}, fmt.Errorf("build base template %s: %w", name, err)
+	}
+	t, err := buildBaseInto(ctx, tmp, final, opts, pkgs, digest, prog)
+	if err != nil {
+		if rerr := removeTree(tmp); rerr != nil {
+			err = fmt.Errorf("%w (and removing the partial build failed: %v)", err, rerr)
+		}
+		prog.fail(err)
+		return Template{}, fmt.Errorf("build base template %s: %w", name, err)
+	}
+	return t, nil
+}
+
+// openBuild opens the build dir dir and checks it was built from digest.
+func openBuild(dir, digest string) (Template, error) {
+	t, err := Open(dir)
+	if err != nil {
+		return Template{}, err
+	}
+	if t.Digest != digest {
+		return Template{}, fmt.Errorf("template %s has digest %s, want %s", dir, t.Digest, digest)
+	}
+	return t, nil
+}
+
+// buildBaseInto builds the base template in tmp and renames tmp to final.
+func buildBaseInto(ctx context.Context, tmp, final string, opts BaseOptions, pkgs []string, digest string, prog *progress) (Template, error) {
+	start := time.Now()
+	logf, err := os.OpenFile(filepath.Join(tmp, BuildLogFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return Template{}, fmt.Errorf("create build log: %w", err)
+	}
+	defer logf.Close()
+	rootfs := filepath.Join(tmp, RootFSDir)
+
+	bin, err := findDebootstrap(opts.Debootstrap)
+	if err != nil {
+		return Template{}, err
+	}
+	args := []string{"--variant=minbase", "--include=" + strings.Join(pkgs, ","), BaseSuite, rootfs, opts.mirror()}
+	fmt.Fprintf(logf, "# corral base template, recipe %d, digest %s\n# %s %s\n", RecipeVersion, digest, bin, strings.Join(args, " "))
+	prog.step("debootstrap %s (%d packages asked for) from %s", BaseSuite, len(pkgs), opts.mirror())
+	cmd := exec.CommandContext(ctx, bin, args...)
+	if err := runLogged(cmd, logf, prog.line); err != nil {
+		return Template{}, fmt.Errorf("debootstrap: %w", err)
+	}
+	// debootstrap unmounts what it mounted on exit; make sure, so that
+	// nothing below can reach the host's /proc or /sys.
+	if err := unmountUnder(tmp); err != nil {
+		return Template{}, err
+	}
+
+	prog.step("setting up user, sudo, hostname; removing caches")
+	fmt.Fprintf(logf, "# setup script (in chroot)\n%s", baseSetupScript)
+	setup := exec.CommandContext(ctx, "/bin/sh", "-c", baseSetupScript)
+	setup.Dir = "/"
+	setup.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
+	if err := runLogged(setup, logf, nil); err != nil {
+		return Template{}, fmt.Errorf("setup script: %w", err)
+	}
+	if err := unmountUnder(tmp); err != nil {
+		return Template{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Template{}, err
+	}
+
+	prog.step("shifting ownership by %d", ContainerIDOffset)
+	fmt.Fprintf(logf, "# shift ownership by %d\n", ContainerIDOffset)
+	if err := ShiftOwnership(rootfs, ContainerIDOffset); err != nil {
+		return Template{}, err
+	}
+	size, err := diskUsage(rootfs)
+	if err != nil {
+		return Template{}, err
+	}
+	if err := syncFS(tmp); err != nil {
+		return Template{}, err
+	}
+	m := Manifest{
+		Name:          BaseName,
+		Version:       baseVersion(digest),
+		Digest:        digest,
+		Size:          size,
+		Created:       time.Now().UTC(),
+		Packages:      pkgs,
+		Suite:         BaseSuite,
+		Mirror:        opts.mirror(),
+		RecipeVersion: RecipeVersion,
+	}
+	m.BuildSeconds = m.Created.Sub(start).Seconds()
+	fmt.Fprintf(logf, "# done in %.1fs, %d bytes\n", m.BuildSeconds, size)
+	if err := logf.Close(); err != nil {
+		return Template{}, fmt.Errorf("close build log: %w", err)
+	}
+	if err := writeManifest(tmp, m); err != nil {
+		return Template{}, err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return Template{}, fmt.Errorf("chmod build dir: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return Template{}, err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return Template{}, fmt.Errorf("install build: %w", err)
+	}
+	if err := syncDir(filepath.Dir(final)); err != nil {
+		return Template{}, err
+	}
+	prog.done("built %s in %s, %d MB", filepath.Base(final), time.Since(start).Round(time.Second), size>>20)
+	return Open(final)
+}
+
+// findDebootstrap returns the debootstrap program to run.
+func findDebootstrap(prog string) (string, error) {
+	if prog != "" {
+		p, err := exec.LookPath(prog)
+		if err != nil {
+			return "", fmt.Errorf("find debootstrap: %w", err)
+		}
+		return p, nil
+	}
+	if p, err := exec.LookPath("debootstrap"); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/debootstrap", "/sbin/debootstrap"} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("debootstrap not found (apt-get install debootstrap)")
+}
+
+// buildEnv is the environment of debootstrap and the setup script: a fixed
+// one, plus the host's proxy settings so a mirror behind a proxy works.
+func buildEnv() []string {
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/root",
+		"LC_ALL=C",
+		"LANG=C",
+		"DEBIAN_FRONTEND=noninteractive",
+		"DEBCONF_NONINTERACTIVE_SEEN=true",
+	}
+	for _, k := range []string{"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// runLogged runs cmd in its own process group with stdout and stderr copied
+// to log and, line by line, to onLine. Cancelling cmd's context kills the
+// whole group (debootstrap runs dpkg, wget, chroot). A failure's error ends
+// with the last lines of output.
+func runLogged(cmd *exec.Cmd, log io.Writer, onLine func(string)) error {
+	lw := &lineWriter{w: log, onLine: onLine}
+	cmd.Stdout = lw
+	cmd.Stderr = lw
+	cmd.Env = buildEnv()
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	cmd.Cancel = func() error {
+		return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	cmd.WaitDelay = 10 * time.Second
+	err := cmd.Run()
+	lw.flush()
+	if cmd.Process != nil {
+		// Reap stragglers of the group (a daemon a maintainer script left).
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	if err != nil {
+		if tail := lw.tail(); tail != "" {
+			return fmt.Errorf("%w; last output:\n%s", err, tail)
+		}
+		return err
+	}
+	return nil
+}
+
+// lineWriter copies output to w and calls onLine for each complete line,
+// remembering the last few lines for error messages.
+type lineWriter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	onLine func(string)
+	buf    []byte   // incomplete last line; guarded by mu
+	last   []string // last lines; guarded by mu
+}
+
+const tailLines = 8
+
+func (l *lineWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, err := l.w.Write(p); err != nil {
+		return 0, err
+	}
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			break
+		}
+		l.handle(string(l.buf[:i]))
+		l.buf = l.buf[i+1:]
+	}
+	return len(p), nil
+}
+
+// handle processes one line; l.mu is held.
+func (l *lineWriter) handle(line string) {
+	if l.onLine != nil {
+		l.onLine(line)
+	}
+	l.last = append(l.last, line)
+	if len(l.last) > tailLines {
+		l.last = l.last[len(l.last)-tailLines:]
+	}
+}
+
+func (l *lineWriter) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buf) > 0 {
+		l.handle(string(l.buf))
+		l.buf = nil
+	}
+}
+
+func (l *lineWriter) tail() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.last, "\n")
+}
+
+// lockFile takes an exclusive flock on path, waiting until ctx is done.
+// waiting is called once if the lock is held by someone else.
+func lockFile(ctx context.Context, path string, waiting func()) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lock: %w", err)
+	}
+	told := false
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() {
+				_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+				f.Close()
+			}, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if !told && waiting != nil {
+			waiting()
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// mountsUnder returns the mount points at or below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mounts: %w", err)
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read mounts: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, nil
+}
+
+// unescapeMount decodes the octal escapes (\040 for a space) of a mount
+// point in /proc/self/mountinfo.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// unmountUnder detaches every mount at or below dir and fails if any is
+// left.
+func unmountUnder(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("unmount under %s: %w", dir, err)
+	}
+	// mountinfo lists resolved paths.
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	mps, err := mountsUnder(abs)
+	if err != nil {
+		return err
+	}
+	for _, mp := range mps {
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("unmount %s: %w", mp, err)
+		}
+	}
+	if len(mps) == 0 {
+		return nil
+	}
+	left, err := mountsUnder(abs)
+	if err != nil {
+		return err
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("mounts left under %s: %s", abs, strings.Join(left, ", "))
+	}
+	return nil
+}
+
+// removeTree removes a (partial) build dir. It first detaches any mount
+// below it (debootstrap mounts /proc and /sys in the target and a killed
+// debootstrap leaves them) and refuses to remove anything if a mount stays,
+// so that removing a build can never delete host files through a mount.
+func removeTree(dir string) error {
+	if err := unmountUnder(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// diskUsage returns the disk space used by the tree at root, counting each
+// hardlinked inode once.
+func diskUsage(root string) (int64, error) {
+	type inode struct{ dev, ino uint64 }
+	seen := map[inode]bool{}
+	var total int64
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st syscall.Stat_t
+		if err := syscall.Lstat(path, &st); err != nil {
+			return &fs.PathError{Op: "lstat", Path: path, Err: err}
+		}
+		if st.Nlink > 1 {
+			k := inode{uint64(st.Dev), st.Ino}
+			if seen[k] {
+				return nil
+			}
+			seen[k] = true
+		}
+		total += st.Blocks * 512
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("disk usage of %s: %w", root, err)
+	}
+	return total, nil
+}
+
+// syncFS flushes the filesystem holding dir to disk, so that a crash after
+// the rename cannot leave a registered template with missing data.
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// syncDir fsyncs a directory so a rename in it is durable.
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,21 @@
+//go:build !linux
+
+package template
+
+import (
+	"context"
+	"errors"
+)
+
+var errNotLinux = errors.New("templates can only be built on Linux")
+
+// BuildBase builds the base template; it is only implemented on Linux.
+func BuildBase(ctx context.Context, cacheDir string, opts BaseOptions) (Template, error) {
+	return Template{}, errNotLinux
+}
+
+// ShiftOwnership shifts the ownership of a tree; it is only implemented on
+// Linux.
+func ShiftOwnership(root string, offset int) error {
+	return errNotLinux
+}

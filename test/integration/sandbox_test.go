@@ -1,0 +1,62 @@
+package integration
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestUsersAndUserNamespace checks that code runs as uid 1000 by default,
+// as root on request, that sudo works for user, and that sandbox root is
+// an unprivileged host uid (100000) through the user namespace.
+func TestUsersAndUserNamespace(t *testing.T) {
+	need(t)
+	id := create(t, nil)
+	tests := []struct {
+		name, cmd string
+		opts      map[string]any
+		want      string
+	}{
+		{"default user", "id -un; id -u; pwd", nil, "user\n1000\n/home/user\n"},
+		{"root on request", "id -u", map[string]any{"user": "root"}, "0\n"},
+		{"passwordless sudo", "sudo -n id -u", nil, "0\n"},
+		{"root maps to host 100000", "cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'", nil, "0 100000 65536\n"},
+		{"python3 and python", "python3 -c 'print(1)'; python -c 'print(2)'", nil, "1\n2\n"},
+		{"argv without shell", "", nil, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.cmd == "" {
+				var res execResult
+				if code := call(t, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": []string{"printf", "%s|", "a b", "$HOME"}}, &res); code != http.StatusOK {
+					t.Fatalf("status %d", code)
+				}
+				if res.Stdout != "a b|$HOME|" {
+					t.Fatalf("argv exec printed %q", res.Stdout)
+				}
+				return
+			}
+			if got := mustSh(t, id, tc.cmd, tc.opts); got != tc.want {
+				t.Fatalf("%q printed %q, want %q", tc.cmd, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestWritableRootAndTmp checks that a sandbox writes to / and /tmp like a
+// normal machine while the template stays untouched.
+func TestWritableRootAndTmp(t *testing.T) {
+	need(t)
+	id := create(t, nil)
+	mustSh(t, id, "echo hi > /tmp/a && echo root > /rootfile && cat /tmp/a /rootfile", map[string]any{"user": "root"})
+	if out := mustSh(t, id, "cat /tmp/a /rootfile"); out != "hi\nroot\n" {
+		t.Fatalf("read back %q", out)
+	}
+	other := create(t, nil)
+	if res := sh(t, other, "test -e /rootfile"); res.ExitCode == 0 {
+		t.Fatal("a file written in one sandbox is visible in another: the template was modified")
+	}
+	if !strings.Contains(mustSh(t, id, "ls /"), "rootfile") {
+		t.Fatal("ls / does not list the new file")
+	}
+}
