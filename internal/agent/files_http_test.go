@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -225,5 +226,35 @@ func TestDownload(t *testing.T) {
 		if resp.StatusCode != tc.status || !strings.Contains(string(b), tc.msg) {
 			t.Errorf("%s: %d %s", tc.path, resp.StatusCode, b)
 		}
+	}
+}
+
+// TestOwnership: directories and files created for a user belong to it.
+func TestOwnership(t *testing.T) {
+	e := newTestEnv(t, nil)
+	req := connect.NewRequest(&fspb.MakeDirRequest{Path: "~/made/sub"})
+	req.Header().Set("Authorization", "Basic b3duZXI6") // "owner:"
+	r, err := e.fs.MakeDir(context.Background(), req)
+	must(t, err)
+	if en := r.Msg.GetEntry(); en.GetOwner() != "owner" || en.GetGroup() != "owners" || en.GetPath() != e.home+"/owner/made/sub" {
+		t.Fatalf("entry %v", en)
+	}
+	resp, b := e.do(t, "POST", "/files?username=owner&path=up/f.txt", http.Header{"Content-Type": {"application/octet-stream"}}, strings.NewReader("x"))
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	for _, p := range []string{"owner", "owner/made", "owner/made/sub", "owner/up", "owner/up/f.txt"} {
+		fi, err := os.Stat(e.home + "/" + p)
+		must(t, err)
+		st := fi.Sys().(*syscall.Stat_t)
+		if st.Uid != 4321 || st.Gid != 4321 {
+			t.Errorf("%s owned by %d:%d", p, st.Uid, st.Gid)
+		}
+	}
+	// Pre-existing parents are left alone.
+	fi, err := os.Stat(e.home)
+	must(t, err)
+	if fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Error("existing home was chowned")
 	}
 }

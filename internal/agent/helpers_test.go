@@ -45,8 +45,10 @@ func newTestEnv(t *testing.T, mod func(*Config)) *testEnv {
 	}
 	// "alt" is uid 0 too (tests run as root and must not drop privileges
 	// into unknown uids) but has its own home, to tell users apart.
-	writeFile(t, passwd, "root:x:0:0:root:"+home+":/bin/sh\nalt:x:0:0::"+alt+":/bin/sh\n")
-	writeFile(t, group, "root:x:0:\n")
+	// "owner" (uid 4321) is only used for file operations, never to run
+	// processes.
+	writeFile(t, passwd, "root:x:0:0:root:"+home+":/bin/sh\nalt:x:0:0::"+alt+":/bin/sh\nowner:x:4321:4321::"+home+"/owner:/bin/sh\n")
+	writeFile(t, group, "root:x:0:\nowners:x:4321:\n")
 	cfg := Config{DefaultUser: "root", Subreaper: true, PasswdFile: passwd, GroupFile: group, Env: []string{}}
 	if mod != nil {
 		mod(&cfg)

@@ -156,14 +156,15 @@ func (p *Process) Receive() (*process.StartResponse, error) {
 		p.rec.StderrBytes += int64(len(d.GetStderr()))
 	}
 	if end := ev.GetEnd(); end != nil {
-		if end.GetEndReason() == "" && !end.GetExited() {
+		switch {
+		case end.GetTimedOut():
+			end.EndReason = "timeout"
+		case !end.GetExited() && (end.GetEndReason() == "" || end.GetEndReason() == "killed"):
+			// The agent cannot see the sandbox's cgroup; the host can.
 			end.EndReason = "killed"
 			if st, err := p.m.driver.Stats(p.id); err == nil && st.OOMKills > p.oomStart {
 				end.EndReason = EndOOM
 			}
-		}
-		if end.GetTimedOut() {
-			end.EndReason = "timeout"
 		}
 		p.finish(end, nil)
 	}

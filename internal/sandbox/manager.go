@@ -461,15 +461,15 @@ func (m *Manager) watch() {
 		case <-t.C:
 		}
 		m.mu.Lock()
-		pids := map[string]int{}
+		var ids []string
 		for id, ls := range m.live {
 			if !ls.ending {
-				pids[id] = ls.pid
+				ids = append(ids, id)
 			}
 		}
 		m.mu.Unlock()
-		for id, pid := range pids {
-			if pid > 0 && pidAlive(pid) || pid == 0 && m.driver.Alive(id) {
+		for _, id := range ids {
+			if m.driver.Alive(id) {
 				continue
 			}
 			reason := EndError

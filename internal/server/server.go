@@ -88,6 +88,8 @@ type Server struct {
 	Handler http.Handler
 	// AdminKey is the admin API key.
 	AdminKey string
+
+	templates templateSource
 }
 
 // Open prepares everything but the listener: it creates the data dir,
@@ -134,7 +136,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput}, mgr, st, cfg.Log)
-	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key}, nil
+	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, templates: templateSource{tmpl}}, nil
 }
 
 // Close stops the manager (killing sandboxes if configured) and the store.
@@ -286,4 +288,9 @@ func (t templateSource) RootFS(name string) (string, error) {
 		return "", errors.New("template unavailable")
 	}
 	return tm.RootFS, nil
+}
+
+// TemplateRootFS returns the rootfs directory of a registered template.
+func (s *Server) TemplateRootFS(name string) (string, error) {
+	return s.templates.RootFS(name)
 }

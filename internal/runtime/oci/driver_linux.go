@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -52,6 +53,11 @@ type Driver struct {
 	opts  Options
 	runc  *runc.Runc
 	runsc *runc.Runc
+
+	mu sync.Mutex
+	// exited holds, per sandbox this process started, a channel closed
+	// when the runtime's foreground process exits. Guarded by mu.
+	exited map[string]chan struct{}
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -83,9 +89,9 @@ func New(o Options) (*Driver, error) {
 	if _, err := os.Stat(o.AgentBinary); err != nil {
 		return nil, fmt.Errorf("oci driver: agent binary: %w", err)
 	}
-	d := &Driver{opts: o}
-	d.runc = &runc.Runc{Command: o.RuncPath, Root: "/run/corral/runc"}
-	d.runsc = &runc.Runc{Command: o.RunscPath, Root: "/run/corral/runsc", ExtraArgs: []string{
+	d := &Driver{opts: o, exited: map[string]chan struct{}{}}
+	d.runc = &runc.Runc{Command: o.RuncPath, Root: "/run/corral/runc", Setpgid: true}
+	d.runsc = &runc.Runc{Command: o.RunscPath, Root: "/run/corral/runsc", Setpgid: true, ExtraArgs: []string{
 		"--platform=" + o.RunscPlatform, "--network=none", "--host-uds=all",
 	}}
 	return d, nil
@@ -152,19 +158,38 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close()
 	rc := d.binary(cfg.Runtime)
-	// The runtime process must outlive the request that started it.
-	runCtx := context.WithoutCancel(ctx)
-	if _, err := rc.Run(runCtx, cfg.ID, dir, &runc.CreateOpts{Detach: true, IO: fileIO{logf}}); err != nil {
+	// The runtime runs in the foreground as the sandbox's supervisor (as a
+	// containerd shim would): it reaps the sandbox's init and exits when
+	// the sandbox ends, so no zombie is left to a host init that may not
+	// reap, and the driver learns at once that the sandbox died. It gets
+	// its own process group so a Ctrl-C on the server does not reach it,
+	// and no parent-death signal, so sandboxes outlive a server restart.
+	exited := make(chan struct{})
+	started := make(chan int, 1)
+	d.mu.Lock()
+	d.exited[cfg.ID] = exited
+	d.mu.Unlock()
+	runErr := make(chan error, 1)
+	go func() {
+		defer close(exited)
+		_, err := rc.Run(context.WithoutCancel(ctx), cfg.ID, dir, &runc.CreateOpts{IO: fileIO{logf}, Started: started})
+		logf.Close()
+		runErr <- err
+	}()
+	if err := d.waitAgent(ctx, cfg.ID, exited); err != nil {
+		select {
+		case rerr := <-runErr:
+			if rerr != nil {
+				err = rerr
+			}
+		default:
+		}
 		return nil, fmt.Errorf("%s run: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
 	}
 	st, err := rc.State(ctx, cfg.ID)
 	if err != nil {
 		return nil, fmt.Errorf("%s state: %w", rc.Command, err)
-	}
-	if err := d.waitAgent(ctx, cfg.ID); err != nil {
-		return nil, fmt.Errorf("agent did not start: %w%s", err, tail(filepath.Join(dir, "agent.log")))
 	}
 	return &runtime.Handle{ID: cfg.ID, Pid: st.Pid}, nil
 }
@@ -210,7 +235,7 @@ func (d *Driver) prepareFS(dir string, cfg runtime.Config) (rootfs, runDir strin
 }
 
 // waitAgent polls the agent socket until it accepts a connection.
-func (d *Driver) waitAgent(ctx context.Context, id string) error {
+func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{}) error {
 	deadline := time.Now().Add(d.opts.StartTimeout)
 	delay := time.Millisecond
 	for {
@@ -222,10 +247,9 @@ func (d *Driver) waitAgent(ctx context.Context, id string) error {
 		if time.Now().After(deadline) {
 			return err
 		}
-		if !d.Alive(id) {
-			return errors.New("sandbox init exited")
-		}
 		select {
+		case <-exited:
+			return errors.New("sandbox init exited")
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(delay):
@@ -270,6 +294,17 @@ func dialNoFollow(ctx context.Context, path string) (net.Conn, error) {
 
 // Alive reports whether the sandbox's init is running.
 func (d *Driver) Alive(id string) bool {
+	d.mu.Lock()
+	exited, ours := d.exited[id]
+	d.mu.Unlock()
+	if ours {
+		select {
+		case <-exited:
+			return false
+		default:
+			return true
+		}
+	}
 	st, err := d.binary(d.runtimeOf(id)).State(context.Background(), id)
 	return err == nil && (st.Status == "running" || st.Status == "created")
 }
@@ -297,16 +332,31 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 	rt := d.runtimeOf(id)
 	rc := d.binary(rt)
 	var errs []error
+	d.mu.Lock()
+	exited := d.exited[id]
+	d.mu.Unlock()
 	if _, err := rc.State(ctx, id); err == nil {
 		if grace > 0 {
 			_ = rc.Kill(ctx, id, int(syscall.SIGTERM), &runc.KillOpts{All: true})
-			d.waitEmpty(id, rt, grace)
+			d.waitEmpty(id, rt, exited, grace)
 		}
 		_ = rc.Kill(ctx, id, int(syscall.SIGKILL), &runc.KillOpts{All: true})
-		d.waitEmpty(id, rt, 5*time.Second)
-		if err := rc.Delete(ctx, id, &runc.DeleteOpts{Force: true}); err != nil {
-			errs = append(errs, fmt.Errorf("%s delete: %w", rc.Command, err))
+		d.waitEmpty(id, rt, exited, 10*time.Second)
+		if _, err := rc.State(ctx, id); err == nil {
+			if err := rc.Delete(ctx, id, &runc.DeleteOpts{Force: true}); err != nil {
+				errs = append(errs, fmt.Errorf("%s delete: %w", rc.Command, err))
+			}
 		}
+	}
+	if exited != nil {
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			errs = append(errs, fmt.Errorf("%s run of %s did not exit", rc.Command, id))
+		}
+		d.mu.Lock()
+		delete(d.exited, id)
+		d.mu.Unlock()
 	}
 	dir := d.dir(id)
 	for _, m := range []string{filepath.Join(dir, "rootfs"), filepath.Join(dir, "disk")} {
@@ -326,10 +376,17 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 }
 
 // waitEmpty waits until the sandbox has no process left, or timeout.
-func (d *Driver) waitEmpty(id string, rt runtime.Runtime, timeout time.Duration) {
+func (d *Driver) waitEmpty(id string, rt runtime.Runtime, exited <-chan struct{}, timeout time.Duration) {
 	g := cgroups.Open(d.cgroupPath(id))
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
+		if exited != nil {
+			select {
+			case <-exited:
+				return
+			default:
+			}
+		}
 		procs, err := g.Procs()
 		if err != nil || len(procs) == 0 {
 			if rt == runtime.Runc {

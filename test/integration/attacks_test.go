@@ -1,0 +1,272 @@
+package integration
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corralhq/corral/internal/cgroups"
+)
+
+// TestMemoryBomb (ATTACKS #2): a process that allocates without bound is
+// killed at the sandbox's memory limit; the command reports end reason
+// "oom" and the sandbox keeps answering.
+func TestMemoryBomb(t *testing.T) {
+	need(t)
+	id := create(t, map[string]any{"resources": map[string]any{"memory_mb": 64}})
+	res := sh(t, id, "python3 -c 'a=[]\nwhile True: a.append(bytearray(1<<20))'")
+	if res.ExitCode != 137 || res.EndReason != "oom" {
+		t.Fatalf("memory bomb: exit %d reason %q (stderr %q); want 137 oom", res.ExitCode, res.EndReason, res.Stderr)
+	}
+	if out := mustSh(t, id, "echo alive"); out != "alive\n" {
+		t.Fatalf("sandbox after OOM printed %q", out)
+	}
+	var cmds struct {
+		Commands []struct {
+			Command   string `json:"command"`
+			EndReason string `json:"end_reason"`
+		} `json:"commands"`
+	}
+	call(t, "GET", "/v1/sandboxes/"+id+"/commands", nil, &cmds)
+	if len(cmds.Commands) < 1 || cmds.Commands[0].EndReason != "oom" {
+		t.Fatalf("command record does not say oom: %+v", cmds.Commands)
+	}
+}
+
+// TestForkBomb (ATTACKS #1): a fork bomb hits the pids limit (fork fails
+// with EAGAIN inside) while the host keeps spawning processes.
+func TestForkBomb(t *testing.T) {
+	need(t)
+	id := create(t, map[string]any{"resources": map[string]any{"pids": 64}})
+	done := make(chan execResult, 1)
+	go func() { done <- sh(t, id, `bomb() { bomb | bomb & }; bomb; sleep 3`, map[string]any{"timeout": 6}) }()
+	g := cgroups.Open("/corral/" + id)
+	// While the bomb runs, the host must still be able to start processes.
+	for i := 0; i < 20; i++ {
+		if err := exec.Command("true").Run(); err != nil {
+			t.Fatalf("host could not spawn a process during the fork bomb: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	maxFile := filepath.Join(cgroups.Root, "pids", g.Path, "pids.max")
+	if cgroups.Unified() {
+		maxFile = filepath.Join(cgroups.Root, g.Path, "pids.max")
+	}
+	b, err := os.ReadFile(maxFile)
+	if err != nil || strings.TrimSpace(string(b)) != "64" {
+		t.Fatalf("pids.max = %q (%v), want 64", b, err)
+	}
+	events, err := os.ReadFile(filepath.Join(filepath.Dir(maxFile), "pids.events"))
+	if err != nil || !strings.Contains(string(events), "max ") || strings.Contains(string(events), "max 0") {
+		t.Fatalf("pids.events = %q (%v): the limit was never hit", events, err)
+	}
+	res := <-done
+	if res.ExitCode != 124 {
+		t.Logf("fork bomb ended with exit %d", res.ExitCode)
+	}
+	if n, _ := g.Pids(); n > 64 {
+		t.Fatalf("sandbox has %d tasks, over its limit", n)
+	}
+}
+
+// TestDiskFill (ATTACKS #3): writing past the disk cap fails with ENOSPC
+// inside the sandbox and nothing reaches the host or the template.
+func TestDiskFill(t *testing.T) {
+	need(t)
+	id := create(t, map[string]any{"resources": map[string]any{"disk_mb": 20, "memory_mb": 256}})
+	for _, path := range []string{"/tmp/fill", "/home/user/fill"} {
+		res := sh(t, id, "dd if=/dev/zero of="+path+" bs=1M count=100")
+		if res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left on device") {
+			t.Fatalf("dd to %s: exit %d stderr %q; want ENOSPC", path, res.ExitCode, res.Stderr)
+		}
+		mustSh(t, id, "rm -f "+path)
+	}
+	// Inode exhaustion is capped too: empty files run out of inodes.
+	res := sh(t, id, "cd /tmp && i=0; while touch f$i 2>/dev/null; do i=$((i+1)); [ $i -gt 200000 ] && break; done; echo $i", map[string]any{"timeout": 120})
+	n, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	if n == 0 || n > 200000 {
+		t.Fatalf("inode fill created %q files; want a cap below 200000", res.Stdout)
+	}
+	tpl, err := env.srv.TemplateRootFS("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"tmp/fill", "home/user/fill", "tmp/f0"} {
+		if _, err := os.Lstat(filepath.Join(tpl, p)); err == nil {
+			t.Fatalf("sandbox write reached the template at %s", p)
+		}
+	}
+}
+
+// TestCommandTimeout: a busy loop is killed at its command timeout with a
+// timeout result (exit 124), its whole process group is gone, and the
+// sandbox keeps answering.
+func TestCommandTimeout(t *testing.T) {
+	need(t)
+	id := create(t, nil)
+	res := sh(t, id, "sh -c 'while :; do :; done' & python3 -c 'while True: pass'", map[string]any{"timeout": 1})
+	if res.ExitCode != 124 || !res.TimedOut || res.EndReason != "timeout" {
+		t.Fatalf("busy loop: exit %d timed_out %v reason %q; want 124 true timeout", res.ExitCode, res.TimedOut, res.EndReason)
+	}
+	if out := mustSh(t, id, "echo alive"); out != "alive\n" {
+		t.Fatalf("sandbox after timeout printed %q", out)
+	}
+	if res := sh(t, id, "pgrep -f 'while|python3' | grep -v $$ || true"); strings.TrimSpace(res.Stdout) != "" {
+		t.Fatalf("processes of the timed-out command survive: %q", res.Stdout)
+	}
+}
+
+// TestKillIsTotal (ATTACKS #14, #15): a process that ignores SIGTERM,
+// calls setsid and double-forks is gone after kill, and so is everything
+// else the sandbox held on the host.
+func TestKillIsTotal(t *testing.T) {
+	need(t)
+	id := create(t, nil)
+	mustSh(t, id, `setsid sh -c 'trap "" TERM; (trap "" TERM; sleep 100000 &) ; sleep 100000' >/dev/null 2>&1 </dev/null &
+sleep 0.3; pgrep -c sleep`)
+	g := cgroups.Open("/corral/" + id)
+	pids, err := g.Procs()
+	if err != nil || len(pids) < 3 {
+		t.Fatalf("expected the agent and the escaped sleepers in the sandbox cgroup, got %v (%v)", pids, err)
+	}
+	if code := call(t, "DELETE", "/v1/sandboxes/"+id, nil, nil); code != 200 {
+		t.Fatalf("kill: status %d", code)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
+			t.Errorf("pid %d of the sandbox still exists after kill (%v)", pid, err)
+		}
+	}
+	assertNoTrace(t, id)
+	var sb sandboxJSON
+	call(t, "GET", "/v1/sandboxes/"+id, nil, &sb)
+	if sb.State != "ended" || sb.EndReason != "killed" {
+		t.Fatalf("record after kill: %+v", sb)
+	}
+}
+
+// assertNoTrace fails if anything of sandbox id is left on the host.
+func assertNoTrace(t *testing.T, id string) {
+	t.Helper()
+	if cgroups.Open("/corral/" + id).Exists() {
+		t.Errorf("cgroup of %s still exists", id)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), id) {
+		t.Errorf("a mount of %s is still there", id)
+	}
+	if _, err := os.Stat(filepath.Join(env.dataDir, "sandboxes", id)); !os.IsNotExist(err) {
+		t.Errorf("state dir of %s still exists (%v)", id, err)
+	}
+	if out, _ := exec.Command("runc", "--root", "/run/corral/runc", "list", "-q").Output(); strings.Contains(string(out), id) {
+		t.Errorf("runc still lists %s", id)
+	}
+}
+
+// TestNoNetwork: a sandbox without networking has loopback only: no
+// other interface, no route, no DNS server, and a host service listening
+// on every host address is not reachable through its 127.0.0.1. Nothing
+// is sent off this machine: routes are inspected, not probed.
+func TestNoNetwork(t *testing.T) {
+	need(t)
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("host service\n"))
+			c.Close()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	id := create(t, nil)
+	if out := mustSh(t, id, "ip -o link | awk -F': ' '{print $2}'"); out != "lo\n" {
+		t.Fatalf("interfaces: %q, want only lo", out)
+	}
+	if out := mustSh(t, id, "ip route; ip -6 route | grep -v '^::1 ' | grep -v '^$' || true"); strings.TrimSpace(out) != "" {
+		t.Fatalf("routes inside the sandbox: %q", out)
+	}
+	if res := sh(t, id, "ip route get 10.1.2.3"); res.ExitCode == 0 || !strings.Contains(res.Stderr, "unreachable") {
+		t.Fatalf("ip route get 10.1.2.3: exit %d %q; want unreachable", res.ExitCode, res.Stderr)
+	}
+	if out := mustSh(t, id, "cat /etc/resolv.conf | grep -c nameserver || true"); strings.TrimSpace(out) != "0" {
+		t.Fatalf("resolv.conf names a DNS server: %q", out)
+	}
+	res := sh(t, id, fmt.Sprintf(`python3 -c "import socket; socket.create_connection(('127.0.0.1', %d), timeout=3)"`, port))
+	if res.ExitCode == 0 || !strings.Contains(res.Stderr, "Connection refused") {
+		t.Fatalf("host listener reachable from the sandbox? exit %d stderr %q", res.ExitCode, res.Stderr)
+	}
+}
+
+// TestHardening (ATTACKS #4, #5, #7): seccomp is on, user code has no
+// capabilities, root lacks NET_RAW and cannot write sysrq, mount or
+// create user namespaces.
+func TestHardening(t *testing.T) {
+	need(t)
+	id := create(t, nil)
+	root := map[string]any{"user": "root"}
+	tests := []struct {
+		name, cmd string
+		opts      map[string]any
+		wantOK    bool
+		wantOut   string
+	}{
+		{"seccomp filter on", "grep -E '^Seccomp:' /proc/self/status | awk '{print $2}'", nil, true, "2\n"},
+		{"user has no capabilities", "grep CapEff /proc/self/status | awk '{print $2}'", nil, true, "0000000000000000\n"},
+		{"no_new_privs off for sudo", "grep NoNewPrivs /proc/self/status | awk '{print $2}'", nil, true, "0\n"},
+		{"sysrq-trigger not writable", "echo h > /proc/sysrq-trigger", root, false, ""},
+		{"kcore masked", "test -s /proc/kcore && head -c1 /proc/kcore | wc -c", root, false, ""},
+		{"no raw sockets", `python3 -c "import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)"`, root, false, ""},
+		{"no packet sockets", `python3 -c "import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)"`, root, false, ""},
+		{"no mount", "mount -t tmpfs none /mnt", root, false, ""},
+		{"no new user namespace", "unshare -U true", root, false, ""},
+		{"no keyctl", `python3 -c "import ctypes; l=ctypes.CDLL(None); r=l.syscall(250, 0, 0, 0, 0, 0); import sys; sys.exit(0 if r>=0 else 1)"`, root, false, ""},
+		{"no host runtime socket", "ls /var/run/docker.sock /run/containerd/containerd.sock", root, false, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := sh(t, id, tc.cmd, tc.opts)
+			if (res.ExitCode == 0) != tc.wantOK {
+				t.Fatalf("%q: exit %d (stdout %q stderr %q)", tc.cmd, res.ExitCode, res.Stdout, res.Stderr)
+			}
+			if tc.wantOut != "" && res.Stdout != tc.wantOut {
+				t.Fatalf("%q printed %q, want %q", tc.cmd, res.Stdout, tc.wantOut)
+			}
+		})
+	}
+}
+
+// TestZombiesReaped (ATTACKS #13): the agent, as PID 1, reaps orphans.
+func TestZombiesReaped(t *testing.T) {
+	need(t)
+	id := create(t, nil)
+	mustSh(t, id, "for i in $(seq 300); do (sleep 0.01 &) ; done; sleep 1")
+	out := mustSh(t, id, "ps -eo stat= | grep -c '^Z' || true")
+	if strings.TrimSpace(out) != "0" {
+		t.Fatalf("%s zombies left in the sandbox", out)
+	}
+}
+
+// TestOutputBounded (ATTACKS #16): a flood of output returns only the
+// configured tail with the full byte count and truncated=true.
+func TestOutputBounded(t *testing.T) {
+	need(t)
+	id := create(t, nil)
+	res := sh(t, id, "yes | head -c 5000000; echo -n END")
+	if !res.Truncated || res.StdoutBytes != 5000003 || len(res.Stdout) != 64<<10 || !strings.HasSuffix(res.Stdout, "y\nEND") {
+		t.Fatalf("truncated=%v bytes=%d len=%d tail=%q", res.Truncated, res.StdoutBytes, len(res.Stdout), res.Stdout[max(0, len(res.Stdout)-10):])
+	}
+}
