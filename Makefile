@@ -1,0 +1,43 @@
+# corral — two commands do everything on a fresh Debian 12 machine (as root):
+#   make run    installs what is missing, builds corral and the base template, starts the server
+#   make test   installs what is missing and runs every test, integration tests included
+
+GO       ?= go
+BIN      := bin/corral
+DATA     ?= /var/lib/corral
+LISTEN   ?= 127.0.0.1:7420
+# Debian packages the server and the tests need.
+DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates
+
+.PHONY: run test build deps vet bench proto clean
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/corral
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+run: deps build
+	$(BIN) serve --listen $(LISTEN) --data $(DATA)
+
+vet:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+
+test: deps build vet
+	$(GO) test -count=1 -timeout 45m ./...
+
+bench: deps build
+	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./test/bench/
+
+proto:
+	GOBIN=/usr/local/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	GOBIN=/usr/local/bin $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
+	./proto/generate.sh
+
+clean:
+	rm -rf bin
