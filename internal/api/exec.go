@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/base64"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -110,12 +111,17 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	stdout, stderr := &output.Tail{Max: s.cfg.MaxOutput}, &output.Tail{Max: s.cfg.MaxOutput}
 	for {
 		msg, err := p.Receive()
-		if err != nil {
+		if err != nil || msg == nil {
+			// The stream broke: if the sandbox died under the command (at
+			// its memory limit, say), the command was killed with it.
+			if reason, dead := s.mgr.EndIfDead(r.Context(), id, 3*time.Second); dead {
+				resp.ExitCode, resp.EndReason = 137, reason
+				break
+			}
+			if err == nil {
+				err = errors.New("stream ended without a result")
+			}
 			s.writeAgentErr(w, r, err)
-			return
-		}
-		if msg == nil {
-			writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the command's stream ended without a result (sandbox gone?)")
 			return
 		}
 		ev := msg.GetEvent()

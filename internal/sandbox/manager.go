@@ -308,6 +308,11 @@ func (m *Manager) end(ctx context.Context, id, reason, errText string) error {
 			reason = EndOOM
 		}
 	}
+	if reason == EndError || reason == EndOOM {
+		if l, ok := m.driver.(interface{ AgentLog(string) string }); ok {
+			m.log.Warn("sandbox died", "id", id, "reason", reason, "log", l.AgentLog(id))
+		}
+	}
 	stopErr := m.driver.Stop(ctx, id, m.cfg.KillGrace)
 	if stopErr != nil {
 		m.log.Error("stop sandbox", "id", id, "err", stopErr)
@@ -374,6 +379,29 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (*
 	ls.rec.ExpiresAt = at
 	ls.timer.Reset(d)
 	return m.store.GetSandbox(ctx, id)
+}
+
+// EndIfDead checks whether a sandbox that should be running has died (its
+// init exited, for example at the memory limit) and if so ends it at once
+// with the right reason, which it returns. It waits up to wait for a
+// sandbox that is still dying.
+func (m *Manager) EndIfDead(ctx context.Context, id string, wait time.Duration) (reason string, dead bool) {
+	deadline := time.Now().Add(wait)
+	for m.driver.Alive(id) {
+		if time.Now().After(deadline) {
+			return "", false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	reason = EndError
+	if st, err := m.driver.Stats(id); err == nil && st.OOMKills > 0 {
+		reason = EndOOM
+	}
+	_ = m.end(ctx, id, reason, "sandbox init exited")
+	if rec, err := m.store.GetSandbox(ctx, id); err == nil && rec.EndReason != "" {
+		reason = rec.EndReason
+	}
+	return reason, true
 }
 
 // Running reports whether id is a running sandbox of this server.
@@ -469,14 +497,7 @@ func (m *Manager) watch() {
 		}
 		m.mu.Unlock()
 		for _, id := range ids {
-			if m.driver.Alive(id) {
-				continue
-			}
-			reason := EndError
-			if st, err := m.driver.Stats(id); err == nil && st.OOMKills > 0 {
-				reason = EndOOM
-			}
-			_ = m.end(context.Background(), id, reason, "sandbox init exited")
+			m.EndIfDead(context.Background(), id, 0)
 		}
 	}
 }

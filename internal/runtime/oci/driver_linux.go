@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -58,6 +57,8 @@ type Driver struct {
 	// exited holds, per sandbox this process started, a channel closed
 	// when the runtime's foreground process exits. Guarded by mu.
 	exited map[string]chan struct{}
+	// oom holds the last OOM-kill count seen per sandbox. Guarded by mu.
+	oom map[string]uint64
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -89,7 +90,7 @@ func New(o Options) (*Driver, error) {
 	if _, err := os.Stat(o.AgentBinary); err != nil {
 		return nil, fmt.Errorf("oci driver: agent binary: %w", err)
 	}
-	d := &Driver{opts: o, exited: map[string]chan struct{}{}}
+	d := &Driver{opts: o, exited: map[string]chan struct{}{}, oom: map[string]uint64{}}
 	d.runc = &runc.Runc{Command: o.RuncPath, Root: "/run/corral/runc", Setpgid: true}
 	d.runsc = &runc.Runc{Command: o.RunscPath, Root: "/run/corral/runsc", Setpgid: true, ExtraArgs: []string{
 		"--platform=" + o.RunscPlatform, "--network=none", "--host-uds=all",
@@ -166,14 +167,23 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	// its own process group so a Ctrl-C on the server does not reach it,
 	// and no parent-death signal, so sandboxes outlive a server restart.
 	exited := make(chan struct{})
-	started := make(chan int, 1)
 	d.mu.Lock()
 	d.exited[cfg.ID] = exited
 	d.mu.Unlock()
 	runErr := make(chan error, 1)
+	// corral shim -- <runtime> <global flags> run --bundle DIR ID
+	args := append([]string{"shim", "--", rc.Command}, runtimeGlobalArgs(rc)...)
+	args = append(args, "run", "--bundle", dir, cfg.ID)
+	cmd := exec.Command(d.opts.AgentBinary, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s: %w", rc.Command, err)
+	}
 	go func() {
 		defer close(exited)
-		_, err := rc.Run(context.WithoutCancel(ctx), cfg.ID, dir, &runc.CreateOpts{IO: fileIO{logf}, Started: started})
+		err := cmd.Wait()
 		logf.Close()
 		runErr <- err
 	}()
@@ -191,6 +201,10 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	if err != nil {
 		return nil, fmt.Errorf("%s state: %w", rc.Command, err)
 	}
+	d.mu.Lock()
+	d.oom[cfg.ID] = 0
+	d.mu.Unlock()
+	go d.watchOOM(cfg.ID, exited)
 	return &runtime.Handle{ID: cfg.ID, Pid: st.Pid}, nil
 }
 
@@ -314,9 +328,17 @@ func (d *Driver) Stats(id string) (runtime.Stats, error) {
 	g := cgroups.Open(d.cgroupPath(id))
 	var s runtime.Stats
 	var err error
+	d.mu.Lock()
+	seen, watched := d.oom[id]
+	d.mu.Unlock()
 	if s.OOMKills, err = g.OOMKills(); err != nil {
+		if watched {
+			s.OOMKills = seen
+			return s, nil
+		}
 		return s, fmt.Errorf("read cgroup of %s: %w", id, err)
 	}
+	s.OOMKills = max(s.OOMKills, seen)
 	s.MemoryBytes, _ = g.MemoryBytes()
 	s.Pids, _ = g.Pids()
 	s.CPUSeconds, _ = g.CPUSeconds()
@@ -338,10 +360,10 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 	if _, err := rc.State(ctx, id); err == nil {
 		if grace > 0 {
 			_ = rc.Kill(ctx, id, int(syscall.SIGTERM), &runc.KillOpts{All: true})
-			d.waitEmpty(id, rt, exited, grace)
+			d.waitEmpty(id, exited, grace)
 		}
 		_ = rc.Kill(ctx, id, int(syscall.SIGKILL), &runc.KillOpts{All: true})
-		d.waitEmpty(id, rt, exited, 10*time.Second)
+		d.waitEmpty(id, exited, 10*time.Second)
 		if _, err := rc.State(ctx, id); err == nil {
 			if err := rc.Delete(ctx, id, &runc.DeleteOpts{Force: true}); err != nil {
 				errs = append(errs, fmt.Errorf("%s delete: %w", rc.Command, err))
@@ -356,6 +378,7 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 		}
 		d.mu.Lock()
 		delete(d.exited, id)
+		delete(d.oom, id)
 		d.mu.Unlock()
 	}
 	dir := d.dir(id)
@@ -375,28 +398,25 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 	return errors.Join(errs...)
 }
 
-// waitEmpty waits until the sandbox has no process left, or timeout.
-func (d *Driver) waitEmpty(id string, rt runtime.Runtime, exited <-chan struct{}, timeout time.Duration) {
+// waitEmpty waits until the sandbox's cgroup holds no process and, for a
+// sandbox this process started, the runtime's foreground process has
+// exited (it reaps the sandbox's processes), or until timeout.
+func (d *Driver) waitEmpty(id string, exited <-chan struct{}, timeout time.Duration) {
 	g := cgroups.Open(d.cgroupPath(id))
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		if exited != nil {
+		procs, err := g.Procs()
+		empty := err != nil || len(procs) == 0
+		done := exited == nil
+		if !done {
 			select {
 			case <-exited:
-				return
+				done = true
 			default:
 			}
 		}
-		procs, err := g.Procs()
-		if err != nil || len(procs) == 0 {
-			if rt == runtime.Runc {
-				return
-			}
-			// runsc's sandbox processes may live outside the container
-			// cgroup: also wait for the runtime to report it stopped.
-			if st, err := d.runsc.State(context.Background(), id); err != nil || st.Status == "stopped" {
-				return
-			}
+		if empty && done {
+			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -464,14 +484,10 @@ func (d *Driver) List(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// fileIO gives the runtime a log file as the container's stdio.
-type fileIO struct{ f *os.File }
-
-func (fileIO) Close() error          { return nil }
-func (fileIO) Stdin() io.WriteCloser { return nil }
-func (fileIO) Stdout() io.ReadCloser { return nil }
-func (fileIO) Stderr() io.ReadCloser { return nil }
-func (i fileIO) Set(cmd *exec.Cmd)   { cmd.Stdout, cmd.Stderr = i.f, i.f }
+// runtimeGlobalArgs returns the global flags go-runc passes to rc.
+func runtimeGlobalArgs(rc *runc.Runc) []string {
+	return append([]string{"--root", rc.Root}, rc.ExtraArgs...)
+}
 
 // tail returns the last lines of a log file for error messages.
 func tail(path string) string {
@@ -483,4 +499,13 @@ func tail(path string) string {
 		b = b[len(b)-800:]
 	}
 	return ": " + strings.TrimSpace(string(b))
+}
+
+// AgentLog returns the last lines the sandbox's init and runtime wrote
+// (for diagnosing a sandbox that died).
+func (d *Driver) AgentLog(id string) string {
+	if !idPattern.MatchString(id) {
+		return ""
+	}
+	return strings.TrimPrefix(tail(filepath.Join(d.dir(id), "agent.log")), ": ")
 }

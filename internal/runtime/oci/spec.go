@@ -51,6 +51,18 @@ type specInput struct {
 	cgroupDir string
 }
 
+// agentReserve is how many tasks of the pids limit are kept for the
+// agent and root's processes: one user's processes get the rest.
+const agentReserve = 32
+
+// gvisorTaskOverhead is added to the host pids limit of gVisor sandboxes.
+const gvisorTaskOverhead = 256
+
+// nprocLimit is the per-user process limit for a sandbox with pids tasks.
+func nprocLimit(pids int64) int64 {
+	return max(pids-agentReserve, pids/2)
+}
+
 // cpuPeriod is the CFS period; the quota is cpu*period.
 const cpuPeriod = 100000
 
@@ -81,11 +93,25 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 	}
 	nofile := uint64(cfg.Resources.Nofile)
 	// No RLIMIT_FSIZE: the tmpfs cap must surface as ENOSPC, not SIGXFSZ.
-	rlimits := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}}
+	// RLIMIT_NPROC keeps a fork bomb of one user below the cgroup's pids
+	// limit, so the agent (another uid) can still start threads: a Go
+	// program that cannot create a thread dies. It counts per user in the
+	// sandbox's user namespace.
+	nproc := uint64(nprocLimit(cfg.Resources.Pids))
+	rlimits := []specs.POSIXRlimit{
+		{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile},
+		{Type: "RLIMIT_NPROC", Hard: nproc, Soft: nproc},
+	}
 	mem := cfg.Resources.MemoryBytes
 	quota := int64(cfg.Resources.CPU * cpuPeriod)
 	period := uint64(cpuPeriod)
 	pids := cfg.Resources.Pids
+	if cfg.Runtime == runtime.GVisor {
+		// Under gVisor the host cgroup holds the sentry's and gofer's own
+		// threads and one stub process per sandboxed address space; the
+		// limit on sandboxed tasks is RLIMIT_NPROC inside.
+		pids += gvisorTaskOverhead
+	}
 	swappiness := uint64(0)
 	disableOOMKiller := false
 	ro := []string{"nosuid", "noexec", "nodev", "ro"}
@@ -137,6 +163,13 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 	}
 	if cfg.Resources.CPU <= 0 {
 		s.Linux.Resources.CPU = nil
+	}
+	if in.cfg.Runtime == runtime.GVisor {
+		// runsc puts an internal tmpfs on /tmp unless the spec mounts
+		// something there; that tmpfs would escape the disk cap. Bind the
+		// overlay's own /tmp instead, so /tmp is capped like /.
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/tmp", Type: "bind",
+			Source: in.rootfs + "/tmp", Options: []string{"rbind", "rw", "nosuid", "nodev"}})
 	}
 	if in.cfg.Runtime != runtime.GVisor {
 		prof, err := seccomp.GetDefaultProfile(s)
