@@ -111,6 +111,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	stdout, stderr := &output.Tail{Max: s.cfg.MaxOutput}, &output.Tail{Max: s.cfg.MaxOutput}
 	for {
 		msg, err := p.Receive()
+		if isCallerError(err) {
+			s.writeAgentErr(w, r, err)
+			return
+		}
 		if err != nil || msg == nil {
 			// The stream broke: if the sandbox died under the command (at
 			// its memory limit, say), the command was killed with it.
@@ -199,6 +203,20 @@ func buildStart(req *execRequest) (*process.StartRequest, string) {
 	}
 	f := false
 	return &process.StartRequest{Process: cfg, Stdin: &f}, ""
+}
+
+// isCallerError reports whether the agent refused the request itself
+// (bad cwd, unknown user, ...), as opposed to the stream breaking.
+func isCallerError(err error) bool {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return false
+	}
+	switch ce.Code() {
+	case connect.CodeInvalidArgument, connect.CodeUnauthenticated, connect.CodeNotFound, connect.CodePermissionDenied:
+		return true
+	}
+	return false
 }
 
 // writeAgentErr maps errors from the agent: caller mistakes keep their
