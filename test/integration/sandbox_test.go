@@ -2,8 +2,12 @@ package integration
 
 import (
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/corralhq/corral/internal/cgroups"
 )
 
 // TestUsersAndUserNamespace checks that code runs as uid 1000 by default,
@@ -58,5 +62,52 @@ func TestWritableRootAndTmp(t *testing.T) {
 	}
 	if !strings.Contains(mustSh(t, id, "ls /"), "rootfile") {
 		t.Fatal("ls / does not list the new file")
+	}
+}
+
+// TestLimitsApplied: the requested limits are in the sandbox's cgroup on
+// the host (cgroup v1 or v2) and in its rlimits; swap equals memory.
+func TestLimitsApplied(t *testing.T) {
+	need(t)
+	id := create(t, map[string]any{"resources": map[string]any{"cpu": 0.5, "memory_mb": 128, "pids": 100, "nofile": 2048}})
+	g := cgroups.Open("/corral/" + id)
+	read := func(controller, name string) string {
+		p := filepath.Join(cgroups.Root, controller, g.Path, name)
+		if cgroups.Unified() {
+			p = filepath.Join(cgroups.Root, g.Path, name)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	want := map[[2]string]string{
+		{"pids", "pids.max"}:                      "100",
+		{"memory", "memory.limit_in_bytes"}:       "134217728",
+		{"memory", "memory.memsw.limit_in_bytes"}: "134217728",
+		{"cpu", "cpu.cfs_quota_us"}:               "50000",
+		{"cpu", "cpu.cfs_period_us"}:              "100000",
+	}
+	if cgroups.Unified() {
+		want = map[[2]string]string{
+			{"", "pids.max"}:        "100",
+			{"", "memory.max"}:      "134217728",
+			{"", "memory.swap.max"}: "0",
+			{"", "cpu.max"}:         "50000 100000",
+		}
+	}
+	for k, v := range want {
+		if got := read(k[0], k[1]); got != v {
+			t.Errorf("%s = %q, want %q", k[1], got, v)
+		}
+	}
+	if out := mustSh(t, id, "ulimit -n"); out != "2048\n" {
+		t.Errorf("ulimit -n = %q, want 2048", out)
+	}
+	var sb sandboxJSON
+	call(t, "GET", "/v1/sandboxes/"+id, nil, &sb)
+	if sb.Resources.CPU != 0.5 || sb.Resources.MemoryMB != 128 || sb.Resources.Pids != 100 || sb.Resources.DiskMB != 100 {
+		t.Errorf("API shows resources %+v", sb.Resources)
 	}
 }
