@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -198,9 +199,14 @@ func Main(ctx context.Context, cfg Config) error {
 		select {
 		case <-sigc:
 			if os.Getpid() == 1 {
-				// kill(-1) reaches every process but the caller.
+				// kill(-1) reaches every process but the caller. Then wait
+				// for them to finish: when PID 1 exits the kernel SIGKILLs
+				// the rest, which would cut their grace period short. The
+				// host SIGKILLs everything when its grace (3 s) runs out.
 				_ = syscall.Kill(-1, syscall.SIGTERM)
-				time.Sleep(500 * time.Millisecond)
+				for others() {
+					time.Sleep(10 * time.Millisecond)
+				}
 			}
 			cancel()
 		case <-ctx.Done():
@@ -209,4 +215,28 @@ func Main(ctx context.Context, cfg Config) error {
 	err = s.Serve(ctx, ln)
 	os.Remove(cfg.Socket)
 	return err
+}
+
+// others reports whether any process but the caller is visible in /proc
+// (in the sandbox's pid namespace: any other process of the sandbox).
+func others() bool {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	self := strconv.Itoa(os.Getpid())
+	for _, e := range ents {
+		name := e.Name()
+		if name[0] < '0' || name[0] > '9' || name == self {
+			continue
+		}
+		// Zombies are reaped by the reaper; skip them.
+		if b, err := os.ReadFile("/proc/" + name + "/stat"); err == nil {
+			if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'Z' {
+				continue
+			}
+		}
+		return true
+	}
+	return false
 }

@@ -11,14 +11,13 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
+	"testing"
 
 	"github.com/corralhq/corral/internal/server"
 )
@@ -35,10 +34,6 @@ var env struct {
 	key     string
 }
 
-// nsEnv marks the re-executed test binary that runs in its own mount
-// namespace.
-const nsEnv = "CORRAL_BENCH_MOUNTNS"
-
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -48,20 +43,6 @@ func run(m *testing.M) int {
 		env.skip = reason
 		return m.Run()
 	}
-	// server.Open reconciles every container in the shared runc roots
-	// (/run/corral/runc, /run/corral/runsc) against its own store and tears
-	// down the ones it does not know: on a host with a live corral server or
-	// a running integration test, it would kill their sandboxes. So the
-	// benchmarks re-run themselves in a private mount namespace with a fresh
-	// tmpfs on /run/corral, where only their own containers are visible.
-	if os.Getenv(nsEnv) == "" {
-		return reexecIsolated()
-	}
-	if err := syscall.Mount("tmpfs", "/run/corral", "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "mode=0755"); err != nil {
-		fmt.Fprintln(os.Stderr, "mount private /run/corral:", err)
-		return 1
-	}
-
 	tmp, err := os.MkdirTemp("", "corral-bench-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -99,31 +80,6 @@ func run(m *testing.M) int {
 	}
 	printSummary(os.Stdout)
 	return code
-}
-
-// reexecIsolated runs this test binary again, with the same arguments, in
-// a new private mount namespace, and returns its exit code.
-func reexecIsolated() int {
-	if err := os.MkdirAll("/run/corral", 0o755); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
-	cmd.Env = append(os.Environ(), nsEnv+"=1")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	// Go makes / recursively private after unsharing the mount namespace,
-	// so nothing mounted inside propagates back to the host.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "re-exec in a private mount namespace:", err)
-		return 1
-	}
-	return 0
 }
 
 // missing names what this machine lacks to run sandboxes, or "".

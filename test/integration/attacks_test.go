@@ -206,7 +206,7 @@ func assertNoTrace(t *testing.T, id string) {
 	if _, err := os.Stat(filepath.Join(env.dataDir, "sandboxes", id)); !os.IsNotExist(err) {
 		t.Errorf("state dir of %s still exists (%v)", id, err)
 	}
-	if out, _ := exec.Command("runc", "--root", "/run/corral/runc", "list", "-q").Output(); strings.Contains(string(out), id) {
+	if out, _ := exec.Command("runc", "--root", runcRoot(env.dataDir), "list", "-q").Output(); strings.Contains(string(out), id) {
 		t.Errorf("runc still lists %s", id)
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corralhq/corral/internal/runtime"
+	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/internal/server"
 )
 
@@ -242,4 +244,9 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// runcRoot is runc's --root for the sandboxes of a data dir.
+func runcRoot(dataDir string) string {
+	return oci.RuntimeRoot(filepath.Join(dataDir, "sandboxes"), runtime.Runc)
 }

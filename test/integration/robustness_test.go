@@ -132,7 +132,7 @@ func hostSnapshot(t *testing.T) map[string]int {
 		"mounts under the data dir": strings.Count(string(mounts), env.dataDir),
 		"netns (ip netns)":          count("ip netns list | wc -l"),
 		"links (ip link)":           count("ip -o link | wc -l"),
-		"runc containers":           count("runc --root /run/corral/runc list -q | wc -l") - running,
+		"runc containers":           count("runc --root "+runcRoot(env.dataDir)+" list -q | wc -l") - running,
 		"processes of sandbox uids": count("ps -eo uid= | awk '$1>=100000 && $1<165536' | wc -l"),
 		"zombies":                   count("ps -eo stat= | grep -c '^Z' || true"),
 	}
@@ -193,11 +193,11 @@ func TestRestartReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 	// While the server is down, one sandbox's runtime disappears.
-	if out, err := exec.Command("runc", "--root", "/run/corral/runc", "kill", lost.ID, "KILL").CombinedOutput(); err != nil {
+	if out, err := exec.Command("runc", "--root", runcRoot(data), "kill", lost.ID, "KILL").CombinedOutput(); err != nil {
 		t.Fatalf("runc kill: %v %s", err, out)
 	}
 	waitFor(t, "the lost sandbox to stop", 10*time.Second, func() bool {
-		out, _ := exec.Command("runc", "--root", "/run/corral/runc", "state", lost.ID).Output()
+		out, _ := exec.Command("runc", "--root", runcRoot(data), "state", lost.ID).Output()
 		return !strings.Contains(string(out), `"running"`)
 	})
 	s2, h2 := open()

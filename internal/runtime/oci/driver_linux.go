@@ -2,6 +2,8 @@ package oci
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,6 +43,19 @@ type Options struct {
 
 // CgroupParent is the cgroup under which every sandbox's cgroup lives.
 const CgroupParent = "/corral"
+
+// RuntimeRoot is the runtime's state directory (its --root) for the
+// sandboxes of stateDir. Each data directory gets its own, so two corral
+// servers on one host (or a server and a test run) never see, adopt or
+// reclaim each other's sandboxes.
+func RuntimeRoot(stateDir string, rt runtime.Runtime) string {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		abs = stateDir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return filepath.Join("/run/corral", hex.EncodeToString(sum[:6]), string(rt))
+}
 
 // IDRange is the number of uids and gids mapped into a sandbox.
 const IDRange = 65536
@@ -91,8 +106,8 @@ func New(o Options) (*Driver, error) {
 		return nil, fmt.Errorf("oci driver: agent binary: %w", err)
 	}
 	d := &Driver{opts: o, exited: map[string]chan struct{}{}, oom: map[string]uint64{}}
-	d.runc = &runc.Runc{Command: o.RuncPath, Root: "/run/corral/runc", Setpgid: true}
-	d.runsc = &runc.Runc{Command: o.RunscPath, Root: "/run/corral/runsc", Setpgid: true, ExtraArgs: []string{
+	d.runc = &runc.Runc{Command: o.RuncPath, Root: RuntimeRoot(o.StateDir, runtime.Runc), Setpgid: true}
+	d.runsc = &runc.Runc{Command: o.RunscPath, Root: RuntimeRoot(o.StateDir, runtime.GVisor), Setpgid: true, ExtraArgs: []string{
 		"--platform=" + o.RunscPlatform, "--network=none", "--host-uds=all",
 	}}
 	return d, nil
