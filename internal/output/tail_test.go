@@ -19,7 +19,8 @@ func TestTail(t *testing.T) {
 		{"keeps tail across writes", 4, []string{"abc", "def"}, "cdef", 6, true},
 		{"one big write", 3, []string{"abcdefgh"}, "fgh", 8, true},
 		{"many small", 5, strings.Split("abcdefghijklmnop", ""), "lmnop", 16, true},
-		{"cut utf8 rune dropped", 3, []string{"x€"}, "", 4, true},
+		{"cut utf8 rune dropped", 2, []string{"x€"}, "", 4, true},
+		{"whole utf8 rune kept", 3, []string{"x€"}, "€", 4, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -225,3 +225,12 @@ func TestRestartReconcile(t *testing.T) {
 		t.Fatal("cgroup of the adopted sandbox left after kill")
 	}
 }
+
+// TestHealthz: the readiness probe needs no key and answers 200.
+func TestHealthz(t *testing.T) {
+	need(t)
+	resp, err := http.Get(env.url + "/healthz")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET /healthz: %v %v", resp, err)
+	}
+}
