@@ -10,26 +10,21 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
-	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/corralhq/corral/internal/server"
+	"github.com/corralhq/corral/test/testserver"
 )
 
 // env is the shared server of the benchmarks.
 var env struct {
 	skip    string
 	bin     string
-	tmp     string
 	dataDir string
 	srv     *server.Server
-	http    *httptest.Server
 	url     string
 	key     string
 }
@@ -39,58 +34,23 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	if reason := missing(); reason != "" {
-		env.skip = reason
+	if reason := testserver.Missing(); reason != "" {
+		env.skip = "benchmarks " + reason
 		return m.Run()
 	}
-	tmp, err := os.MkdirTemp("", "corral-bench-")
+	ts, err := testserver.Start("../../cmd/corral", slog.LevelWarn)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(tmp)
-	if err := os.Chmod(tmp, 0o711); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	env.tmp = tmp
-	env.bin, err = buildCorral(tmp)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "build corral:", err)
-		return 1
-	}
-	env.dataDir = filepath.Join(tmp, "data")
-	ctx := context.Background()
-	env.srv, err = server.Open(ctx, server.Config{
-		DataDir: env.dataDir, AgentBinary: env.bin, Progress: os.Stderr, MaxOutput: 64 << 10,
-		KillOnShutdown: true, MaxSandboxes: 20,
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "open server:", err)
-		return 1
-	}
-	env.http = httptest.NewServer(env.srv.Handler)
-	env.url, env.key = env.http.URL, env.srv.AdminKey
+	env.bin, env.dataDir, env.srv, env.url, env.key = ts.Bin, ts.DataDir, ts.Srv, ts.URL, ts.Key
 	code := m.Run()
-	env.http.Close()
-	if err := env.srv.Close(ctx); err != nil {
+	if err := ts.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, "close server:", err)
 		code = 1
 	}
 	printSummary(os.Stdout)
 	return code
-}
-
-// missing names what this machine lacks to run sandboxes, or "".
-func missing() string {
-	if os.Geteuid() != 0 {
-		return "benchmarks need root (namespaces, mounts, cgroups)"
-	}
-	if _, err := exec.LookPath("runc"); err != nil {
-		return "runc is not installed (apt-get install runc)"
-	}
-	return ""
 }
 
 // need skips b when the host cannot run sandboxes.
@@ -99,15 +59,4 @@ func need(b *testing.B) {
 	if env.skip != "" {
 		b.Skip(env.skip)
 	}
-}
-
-// buildCorral builds the static corral binary used as the sandbox agent.
-func buildCorral(dir string) (string, error) {
-	out := filepath.Join(dir, "corral")
-	cmd := exec.Command("go", "build", "-o", out, "../../cmd/corral")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%v: %s", err, b)
-	}
-	return out, nil
 }

@@ -6,15 +6,12 @@ package integration
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,6 +20,7 @@ import (
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/internal/server"
+	"github.com/corralhq/corral/test/testserver"
 )
 
 // env is the shared server of the integration tests.
@@ -31,7 +29,6 @@ var env struct {
 	bin     string
 	dataDir string
 	srv     *server.Server
-	http    *httptest.Server
 	url     string
 	key     string
 }
@@ -41,60 +38,26 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	if reason := missing(); reason != "" {
-		env.skip = reason
+	if reason := testserver.Missing(); reason != "" {
+		env.skip = "integration tests " + reason
 		return m.Run()
 	}
-	tmp, err := os.MkdirTemp("", "corral-it-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(tmp)
-	if err := os.Chmod(tmp, 0o711); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	env.bin, err = buildCorral(tmp)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "build corral:", err)
-		return 1
-	}
-	env.dataDir = filepath.Join(tmp, "data")
-	ctx := context.Background()
-	logLevel := slog.LevelWarn
+	level := slog.LevelWarn
 	if os.Getenv("CORRAL_TEST_LOG") != "" {
-		logLevel = slog.LevelDebug
+		level = slog.LevelDebug
 	}
-	env.srv, err = server.Open(ctx, server.Config{
-		DataDir: env.dataDir, AgentBinary: env.bin, Progress: os.Stderr, MaxOutput: 64 << 10,
-		KillOnShutdown: true, MaxSandboxes: 20,
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel})),
-	})
+	ts, err := testserver.Start("../../cmd/corral", level)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "open server:", err)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	env.http = httptest.NewServer(env.srv.Handler)
-	env.url, env.key = env.http.URL, env.srv.AdminKey
+	env.bin, env.dataDir, env.srv, env.url, env.key = ts.Bin, ts.DataDir, ts.Srv, ts.URL, ts.Key
 	code := m.Run()
-	env.http.Close()
-	if err := env.srv.Close(ctx); err != nil {
+	if err := ts.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, "close server:", err)
 		code = 1
 	}
 	return code
-}
-
-// missing names what this machine lacks to run sandboxes, or "".
-func missing() string {
-	if os.Geteuid() != 0 {
-		return "integration tests need root (namespaces, mounts, cgroups)"
-	}
-	if _, err := exec.LookPath("runc"); err != nil {
-		return "runc is not installed (apt-get install runc)"
-	}
-	return ""
 }
 
 func need(t *testing.T) {
@@ -102,17 +65,6 @@ func need(t *testing.T) {
 	if env.skip != "" {
 		t.Skip(env.skip)
 	}
-}
-
-// buildCorral builds the static corral binary used as the sandbox agent.
-func buildCorral(dir string) (string, error) {
-	out := filepath.Join(dir, "corral")
-	cmd := exec.Command("go", "build", "-o", out, "../../cmd/corral")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%v: %s", err, b)
-	}
-	return out, nil
 }
 
 // call makes a REST request and decodes a JSON response into out.
