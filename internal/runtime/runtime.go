@@ -60,6 +60,9 @@ type Config struct {
 	NoNewPrivileges bool
 	// DefaultUser is the user commands run as when the caller names none.
 	DefaultUser string
+	// AccessToken, when set, is required by the agent on every request
+	// (header X-Access-Token).
+	AccessToken string
 }
 
 // Handle is a running sandbox as the driver sees it.

@@ -30,12 +30,19 @@ func WithLifetime(ctx context.Context, d time.Duration) context.Context {
 	return context.WithValue(ctx, lifetimeKey{}, d)
 }
 
-// lifetimeTransport sets Connect-Timeout-Ms from the request's context.
-type lifetimeTransport struct{ next http.RoundTripper }
+// agentTransport authenticates requests to a sandbox's agent with its
+// access token and sets Connect-Timeout-Ms from the request's context.
+type agentTransport struct {
+	next  http.RoundTripper
+	token string
+}
 
-func (t lifetimeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+func (t agentTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	if t.token != "" {
+		r.Header.Set("X-Access-Token", t.token)
+	}
 	if d, ok := r.Context().Value(lifetimeKey{}).(time.Duration); ok && d > 0 {
-		r = r.Clone(r.Context())
 		ms := d.Milliseconds()
 		if ms < 1 {
 			ms = 1
@@ -67,7 +74,11 @@ func (m *Manager) AgentHTTP(id string) *http.Client {
 		IdleConnTimeout:     30 * time.Second,
 		DisableCompression:  true,
 	}
-	c := &http.Client{Transport: lifetimeTransport{tr}}
+	tok := m.token(id)
+	c := &http.Client{Transport: agentTransport{next: tr, token: tok}}
+	if tok == "" {
+		return c // not running: do not cache a client without a token
+	}
 	if m.clients.byID == nil {
 		m.clients.byID = map[string]*http.Client{}
 	}

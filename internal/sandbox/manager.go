@@ -7,6 +7,7 @@ package sandbox
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -204,7 +205,7 @@ func (m *Manager) validate(req *CreateRequest) (*store.Sandbox, runtime.Config, 
 	}
 	now := time.Now().UTC()
 	rec := &store.Sandbox{
-		ID: newID(), Template: req.Template, Runtime: req.Runtime, Tier: req.Tier,
+		ID: newID(), AccessToken: newToken(), Template: req.Template, Runtime: req.Runtime, Tier: req.Tier,
 		Resources: res, CommandTimeout: cmdTimeout, Network: req.Network,
 		Metadata: req.Metadata, State: store.StateRunning, CreatedAt: now, ExpiresAt: now.Add(ttl),
 	}
@@ -218,8 +219,18 @@ func (m *Manager) validate(req *CreateRequest) (*store.Sandbox, runtime.Config, 
 		Env:             req.Env,
 		NoNewPrivileges: sudoErr != nil,
 		DefaultUser:     "user",
+		AccessToken:     rec.AccessToken,
 	}
 	return rec, rc, nil
+}
+
+// newToken returns a random access token for a sandbox's agent.
+func newToken() string {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
 }
 
 // newID returns 20 random characters from [a-z0-9], like E2B's ids.
@@ -402,6 +413,16 @@ func (m *Manager) EndIfDead(ctx context.Context, id string, wait time.Duration) 
 		reason = rec.EndReason
 	}
 	return reason, true
+}
+
+// token returns the agent access token of a running sandbox.
+func (m *Manager) token(id string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ls, ok := m.live[id]; ok {
+		return ls.rec.AccessToken
+	}
+	return ""
 }
 
 // Running reports whether id is a running sandbox of this server.

@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	expires_at INTEGER NOT NULL,
 	ended_at INTEGER,
 	end_reason TEXT NOT NULL DEFAULT '',
-	error TEXT NOT NULL DEFAULT ''
+	error TEXT NOT NULL DEFAULT '',
+	access_token TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state, created_at);
 CREATE TABLE IF NOT EXISTS commands (
@@ -113,6 +114,9 @@ type Sandbox struct {
 	EndedAt        *time.Time
 	EndReason      string
 	Error          string
+	// AccessToken authenticates the control plane to the sandbox's agent.
+	// It is never returned by the API.
+	AccessToken string
 }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
@@ -122,10 +126,10 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	res, _ := json.Marshal(sb.Resources)
 	meta, _ := json.Marshal(orEmpty(sb.Metadata))
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
-		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
-		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt))
+		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken)
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
@@ -161,7 +165,7 @@ func (s *Store) SetExpiry(ctx context.Context, id string, at time.Time) error {
 	return nil
 }
 
-const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error`
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token`
 
 func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
@@ -169,7 +173,7 @@ func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var ctMS, created, expires int64
 	var ended sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
-		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error); err != nil {
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(res), &sb.Resources)

@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"context"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -109,5 +111,35 @@ func TestLimitsApplied(t *testing.T) {
 	call(t, "GET", "/v1/sandboxes/"+id, nil, &sb)
 	if sb.Resources.CPU != 0.5 || sb.Resources.MemoryMB != 128 || sb.Resources.Pids != 100 || sb.Resources.DiskMB != 100 {
 		t.Errorf("API shows resources %+v", sb.Resources)
+	}
+}
+
+// TestAgentNeedsToken: the agent refuses requests without the sandbox's
+// access token, even from the host over its socket.
+func TestAgentNeedsToken(t *testing.T) {
+	need(t)
+	id := create(t, nil)
+	bare := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return env.srv.Manager.Dial(ctx, id)
+	}}}
+	body := strings.NewReader(`{"path": "/etc/hostname"}`)
+	resp, err := bare.Post("http://agent/filesystem.Filesystem/Stat", "application/json", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("agent answered %d without a token, want 401", resp.StatusCode)
+	}
+	resp, err = env.srv.Manager.AgentHTTP(id).Post("http://agent/filesystem.Filesystem/Stat", "application/json", strings.NewReader(`{"path": "/etc/hostname"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("agent answered %d with the token, want 200", resp.StatusCode)
+	}
+	if out := mustSh(t, id, "cat /run/corral/token 2>&1 || true"); !strings.Contains(out, "Permission denied") {
+		t.Fatalf("user can read the agent token: %q", out)
 	}
 }

@@ -257,6 +257,19 @@ func (d *Driver) prepareFS(dir string, cfg runtime.Config) (rootfs, runDir strin
 	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NODEV, ov); err != nil {
 		return "", "", fmt.Errorf("mount overlay: %w", err)
 	}
+	if cfg.AccessToken != "" {
+		// The directory was just created by us and is empty: no link to follow.
+		tok := filepath.Join(runDir, TokenName)
+		f, err := os.OpenFile(tok, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return "", "", fmt.Errorf("write access token: %w", err)
+		}
+		_, werr := f.WriteString(cfg.AccessToken)
+		cerr := f.Close()
+		if err := errors.Join(werr, cerr, os.Chown(tok, uid, uid)); err != nil {
+			return "", "", fmt.Errorf("write access token: %w", err)
+		}
+	}
 	if err := os.Chown(runDir, uid, uid); err != nil {
 		return "", "", err
 	}

@@ -40,6 +40,17 @@ var readonlyPaths = []string{
 	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 }
 
+// TokenName is the file in RunDir that holds the agent's access token.
+const TokenName = "token"
+
+func agentArgs(user string, token bool) []string {
+	args := []string{AgentPath, "agent", "--socket", RunDir + "/" + SocketName, "--default-user", user}
+	if token {
+		args = append(args, "--token-file", RunDir+"/"+TokenName)
+	}
+	return args
+}
+
 // specInput is what Spec needs beyond the runtime.Config.
 type specInput struct {
 	cfg       runtime.Config
@@ -120,7 +131,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		Version: "1.0.2",
 		Process: &specs.Process{
 			User:            specs.User{UID: 0, GID: 0},
-			Args:            []string{AgentPath, "agent", "--socket", RunDir + "/" + SocketName, "--default-user", user},
+			Args:            agentArgs(user, cfg.AccessToken != ""),
 			Env:             env,
 			Cwd:             "/",
 			Capabilities:    caps,
