@@ -258,3 +258,50 @@ func TestOwnership(t *testing.T) {
 		t.Error("existing home was chowned")
 	}
 }
+
+// TestFileOpsAsUser: file operations run with the requesting user's
+// file-system identity, so "owner" cannot read a root-only file or write
+// into a root-owned directory, while root can.
+func TestFileOpsAsUser(t *testing.T) {
+	e := newTestEnv(t, nil)
+	secret := e.home + "/secret"
+	writeFile(t, secret, "top secret")
+	must(t, os.Chmod(secret, 0o600))
+	tests := []struct {
+		name, method, target string
+		body                 string
+		wantOK               bool
+	}{
+		{"root reads root-only file", "GET", "/files?path=" + secret, "", true},
+		{"owner cannot read root-only file", "GET", "/files?username=owner&path=" + secret, "", false},
+		{"owner cannot write into a root dir", "POST", "/files?username=owner&path=" + e.home + "/planted", "x", false},
+		{"owner writes its home", "POST", "/files?username=owner&path=" + e.home + "/owner/mine", "x", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var body io.Reader
+			h := http.Header{}
+			if tc.method == "POST" {
+				body = strings.NewReader(tc.body)
+				h.Set("Content-Type", "application/octet-stream")
+			}
+			resp, b := e.do(t, tc.method, tc.target, h, body)
+			if (resp.StatusCode == 200) != tc.wantOK {
+				t.Fatalf("status %d %s", resp.StatusCode, b)
+			}
+			if !tc.wantOK && strings.Contains(string(b), "top secret") {
+				t.Fatal("secret leaked")
+			}
+		})
+	}
+	if _, err := os.Stat(e.home + "/planted"); err == nil {
+		t.Fatal("owner planted a file in a root-owned directory")
+	}
+	req := connect.NewRequest(&fspb.RemoveRequest{Path: secret})
+	req.Header().Set("Authorization", "Basic b3duZXI6") // "owner:"
+	if _, err := e.fs.Remove(context.Background(), req); err == nil {
+		if _, err := os.Stat(secret); err != nil {
+			t.Fatal("owner removed a root file from a root-owned directory")
+		}
+	}
+}

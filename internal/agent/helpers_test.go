@@ -49,6 +49,19 @@ func newTestEnv(t *testing.T, mod func(*Config)) *testEnv {
 	// processes.
 	writeFile(t, passwd, "root:x:0:0:root:"+home+":/bin/sh\nalt:x:0:0::"+alt+":/bin/sh\nowner:x:4321:4321::"+home+"/owner:/bin/sh\n")
 	writeFile(t, group, "root:x:0:\nowners:x:4321:\n")
+	// "owner" works with its own file-system identity: it must be able to
+	// traverse to its home and read the account files.
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(home, "owner"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(home, "owner"), 4321, 4321); err != nil {
+		t.Fatal(err)
+	}
 	cfg := Config{DefaultUser: "root", Subreaper: true, PasswdFile: passwd, GroupFile: group, Env: []string{}}
 	if mod != nil {
 		mod(&cfg)

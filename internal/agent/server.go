@@ -128,7 +128,7 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /files", s.handleDownload)
 	mux.HandleFunc("POST /files", s.handleUpload)
-	return s.authMiddleware(mux)
+	return s.authMiddleware(s.asFileUser(mux))
 }
 
 // Serve serves the agent on ln until ctx is done.

@@ -249,6 +249,14 @@ func TestFileAPITraversal(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/tmp", marker+"-2")); err == nil {
 		t.Fatal("an upload through a symlink reached the host")
 	}
+	// The file API acts with the caller's identity: user cannot read
+	// root-only files or write into root-owned directories.
+	if b, err := sb.Files().Read(ctx, "/etc/shadow"); err == nil {
+		t.Fatalf("user read /etc/shadow through the file API: %q", b)
+	}
+	if err := sb.Files().Write(ctx, "/etc/planted", []byte("x")); err == nil {
+		t.Fatal("user wrote into /etc through the file API")
+	}
 	b, err := root.Read(ctx, "/tmp/hn")
 	host, _ := os.ReadFile("/etc/hostname")
 	if err != nil || string(b) != "corral\n" || (len(host) > 0 && string(b) == string(host) && string(host) != "corral\n") {
