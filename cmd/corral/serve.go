@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -35,6 +36,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&cfg.TemplateCache, "template-cache", "", "template build cache (default /var/cache/corral/templates or $CORRAL_TEMPLATE_CACHE)")
 	f.IntVar(&cfg.MaxOutput, "max-output", 1<<20, "bytes of stdout and of stderr an exec call returns (the tail is kept)")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", 50, "maximum number of running sandboxes")
+	f.DurationVar(&cfg.KillGrace, "kill-grace", 3*time.Second, "time between SIGTERM and SIGKILL when a sandbox is killed (0..1m)")
 	f.BoolVar(&cfg.KillOnShutdown, "kill-on-shutdown", false, "kill all sandboxes when the server stops (default: keep them; the next start adopts them)")
 	return cmd
 }

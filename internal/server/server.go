@@ -43,6 +43,9 @@ type Config struct {
 	MaxOutput int
 	// MaxSandboxes caps running sandboxes (default 50).
 	MaxSandboxes int
+	// KillGrace is the time between SIGTERM and SIGKILL when a sandbox is
+	// killed (default 3 s).
+	KillGrace time.Duration
 	// KillOnShutdown kills every sandbox when the server stops; otherwise
 	// they keep running and the next start adopts them.
 	KillOnShutdown bool
@@ -66,8 +69,8 @@ func (c *Config) Validate() error {
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
-	if c.MaxOutput < 0 || c.MaxSandboxes < 0 {
-		return errors.New("max-output and max-sandboxes must not be negative")
+	if c.MaxOutput < 0 || c.MaxSandboxes < 0 || c.KillGrace < 0 || c.KillGrace > time.Minute {
+		return errors.New("max-output and max-sandboxes must not be negative; kill-grace must be 0..1m")
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q: %w", c.Listen, err)
@@ -129,7 +132,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
-	mgr := sandbox.New(sandbox.Config{MaxSandboxes: cfg.MaxSandboxes}, st, drv, templateSource{tmpl}, cfg.Log)
+	mgr := sandbox.New(sandbox.Config{MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace}, st, drv, templateSource{tmpl}, cfg.Log)
 	if err := mgr.Reconcile(ctx); err != nil {
 		mgr.Shutdown(ctx, false)
 		st.Close()
