@@ -125,7 +125,13 @@ func (p *processRelay) Start(ctx context.Context, req *connect.Request[process.S
 	for {
 		msg, err := proc.Receive()
 		if err != nil || msg == nil {
+			p.abortIfGone(ctx)
 			return err
+		}
+		if !p.mgr.Running(sandboxIDFrom(ctx)) {
+			// The sandbox is being killed: what its processes say while
+			// dying (SIGTERM end events) is not a result.
+			panic(http.ErrAbortHandler)
 		}
 		if err := out.Send(msg); err != nil {
 			return err
@@ -145,11 +151,29 @@ func (p *processRelay) Connect(ctx context.Context, req *connect.Request[process
 	}
 	defer in.Close()
 	for in.Receive() {
+		if !p.mgr.Running(sandboxIDFrom(ctx)) {
+			panic(http.ErrAbortHandler)
+		}
 		if err := out.Send(in.Msg()); err != nil {
 			return err
 		}
 	}
+	p.abortIfGone(ctx)
 	return in.Err()
+}
+
+// abortIfGone cuts the client's connection mid-stream, with no end-stream
+// message, when the sandbox ended under a running command: the e2b SDK
+// then probes /health, gets 502 and reports that the sandbox was killed
+// (e2b-compat.md §5). net/http aborts the response on ErrAbortHandler.
+func (p *processRelay) abortIfGone(ctx context.Context) {
+	id := sandboxIDFrom(ctx)
+	if p.mgr.Running(id) {
+		if _, dead := p.mgr.EndIfDead(ctx, id, 0); !dead {
+			return
+		}
+	}
+	panic(http.ErrAbortHandler)
 }
 
 func unary[Req, Res any](ctx context.Context, req *connect.Request[Req], call func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {

@@ -6,6 +6,7 @@ package api
 import (
 	"context"
 	"crypto/subtle"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -54,13 +55,34 @@ func (s *Server) routes() {
 	s.mux.Handle("POST /v1/sandboxes/{id}/exec", s.auth(s.exec))
 	s.mux.Handle("GET /v1/sandboxes/{id}/commands", s.auth(s.listCommands))
 	s.mux.Handle("/v1/sandboxes/{id}/agent/", s.auth(s.agentRoute))
+	s.e2bRoutes()
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path)
 	})
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. E2B envd traffic is recognised
+// first: by the E2b-Sandbox-Id header, by a <port>-<id>.<domain> host
+// name, or as a signed /files URL; everything else goes to the routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		s.e2bEnvd(w, r, id)
+		return
+	}
+	if port, id, ok := e2bHost(r.Host); ok {
+		if port != EnvdPort {
+			e2bError(w, http.StatusBadGateway, fmt.Sprintf("corral does not route to sandbox ports yet (port %d)", port))
+			return
+		}
+		s.e2bEnvd(w, r, id)
+		return
+	}
+	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+		s.e2bSignedFiles(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // apiKey returns the key a request carries: X-API-Key, else a Bearer token.
 func apiKey(r *http.Request) string {

@@ -30,6 +30,15 @@ func WithLifetime(ctx context.Context, d time.Duration) context.Context {
 	return context.WithValue(ctx, lifetimeKey{}, d)
 }
 
+type noTokenKey struct{}
+
+// WithoutToken returns a context whose agent requests do not carry the
+// sandbox's access token, so that the agent itself checks the caller's
+// own credential (a signed /files URL).
+func WithoutToken(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noTokenKey{}, true)
+}
+
 // agentTransport authenticates requests to a sandbox's agent with its
 // access token and sets Connect-Timeout-Ms from the request's context.
 type agentTransport struct {
@@ -39,7 +48,9 @@ type agentTransport struct {
 
 func (t agentTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
-	if t.token != "" {
+	if skip, _ := r.Context().Value(noTokenKey{}).(bool); skip {
+		r.Header.Del("X-Access-Token")
+	} else if t.token != "" {
 		r.Header.Set("X-Access-Token", t.token)
 	}
 	if d, ok := r.Context().Value(lifetimeKey{}).(time.Duration); ok && d > 0 {

@@ -415,6 +415,47 @@ func (m *Manager) EndIfDead(ctx context.Context, id string, wait time.Duration) 
 	return reason, true
 }
 
+// AccessToken returns the agent access token of a running sandbox.
+func (m *Manager) AccessToken(id string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ls, ok := m.live[id]
+	if !ok || ls.ending {
+		return "", false
+	}
+	return ls.rec.AccessToken, true
+}
+
+// FindByToken returns the running sandbox whose access token satisfies
+// match (for requests that name no sandbox but carry a signature made
+// with its token), or "".
+func (m *Manager) FindByToken(match func(token string) bool) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, ls := range m.live {
+		if !ls.ending && match(ls.rec.AccessToken) {
+			return id
+		}
+	}
+	return ""
+}
+
+// ExtendTimeout makes a running sandbox live at least d from now; it
+// never shortens the lifetime (E2B's connect semantics).
+func (m *Manager) ExtendTimeout(ctx context.Context, id string, d time.Duration) (*store.Sandbox, error) {
+	m.mu.Lock()
+	ls, ok := m.live[id]
+	longer := ok && time.Now().Add(d).After(ls.rec.ExpiresAt)
+	m.mu.Unlock()
+	if !ok {
+		return nil, ErrNotFound
+	}
+	if !longer {
+		return m.store.GetSandbox(ctx, id)
+	}
+	return m.SetTimeout(ctx, id, d)
+}
+
 // token returns the agent access token of a running sandbox.
 func (m *Manager) token(id string) string {
 	m.mu.Lock()

@@ -1,0 +1,497 @@
+package api
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
+)
+
+// E2B compatibility (docs/e2b.md, ../shared/e2b-compat.md): the REST
+// control API of E2B under its own paths, and envd requests routed by the
+// E2b-Sandbox-Id header (or a <port>-<id>.<domain> host name, or a signed
+// /files URL) to the sandbox's agent, which is envd-compatible.
+
+// EnvdVersion is the envd version corral's agent reports; the SDK gates
+// features on it (e2b-compat.md §2.7).
+const EnvdVersion = "0.6.13"
+
+// EnvdPort is the port the SDK names in E2b-Sandbox-Port and host names.
+const EnvdPort = 49983
+
+func (s *Server) e2bRoutes() {
+	s.mux.Handle("POST /sandboxes", s.e2bAuth(s.e2bCreate))
+	s.mux.Handle("POST /v2/sandboxes", s.e2bAuth(s.e2bCreate))
+	s.mux.Handle("GET /sandboxes", s.e2bAuth(s.e2bList))
+	s.mux.Handle("GET /v2/sandboxes", s.e2bAuth(s.e2bList))
+	s.mux.Handle("GET /sandboxes/{id}", s.e2bAuth(s.e2bGet))
+	s.mux.Handle("DELETE /sandboxes/{id}", s.e2bAuth(s.e2bKill))
+	s.mux.Handle("POST /sandboxes/{id}/timeout", s.e2bAuth(s.e2bTimeout))
+	s.mux.Handle("POST /sandboxes/{id}/connect", s.e2bAuth(s.e2bConnect))
+	s.mux.Handle("POST /v2/sandboxes/{id}/connect", s.e2bAuth(s.e2bConnect))
+	s.mux.Handle("GET /sandboxes/{id}/metrics", s.e2bAuth(s.e2bMetrics))
+	for _, p := range []string{"POST /sandboxes/{id}/pause", "POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/snapshots",
+		"POST /sandboxes/{id}/fork", "PUT /sandboxes/{id}/network", "GET /snapshots"} {
+		s.mux.Handle(p, s.e2bAuth(func(w http.ResponseWriter, r *http.Request) {
+			e2bError(w, http.StatusNotImplemented, "corral does not support "+r.Method+" "+r.Pattern[strings.IndexByte(r.Pattern, ' ')+1:]+" yet (see docs/e2b.md)")
+		}))
+	}
+}
+
+// e2bError writes E2B's error shape: {"code": <status>, "message": ...}.
+// The SDK reads the numeric code, not the HTTP status, to detect 404s.
+func e2bError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]any{"code": status, "message": msg})
+}
+
+func (s *Server) e2bAuth(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := apiKey(r)
+		ok := false
+		if key != "" && len(key) <= 256 {
+			var err error
+			if ok, err = s.store.CheckAPIKey(r.Context(), key); err != nil {
+				s.log.Error("check api key", "err", err)
+				e2bError(w, http.StatusInternalServerError, "internal error")
+				return
+			}
+		}
+		if !ok {
+			e2bError(w, http.StatusUnauthorized, "Invalid API key")
+			return
+		}
+		h(w, r)
+	})
+}
+
+// e2bSandbox is E2B's Sandbox object (create, connect).
+type e2bSandbox struct {
+	SandboxID       string  `json:"sandboxID"`
+	TemplateID      string  `json:"templateID"`
+	Alias           string  `json:"alias,omitempty"`
+	ClientID        string  `json:"clientID"`
+	EnvdVersion     string  `json:"envdVersion"`
+	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
+	Domain          *string `json:"domain"`
+}
+
+// e2bDetail is E2B's SandboxDetail / ListedSandbox.
+type e2bDetail struct {
+	SandboxID       string            `json:"sandboxID"`
+	TemplateID      string            `json:"templateID"`
+	Alias           string            `json:"alias,omitempty"`
+	ClientID        string            `json:"clientID"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int64             `json:"memoryMB"`
+	DiskSizeMB      int64             `json:"diskSizeMB"`
+	StartedAt       string            `json:"startedAt"`
+	EndAt           string            `json:"endAt"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	Metadata        map[string]string `json:"metadata"`
+	State           string            `json:"state"`
+}
+
+func e2bSandboxOf(sb *store.Sandbox) e2bSandbox {
+	return e2bSandbox{SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "corral",
+		EnvdVersion: EnvdVersion, EnvdAccessToken: sb.AccessToken}
+}
+
+func e2bDetailOf(sb *store.Sandbox, withToken bool) e2bDetail {
+	d := e2bDetail{SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "corral",
+		CPUCount: max(1, int(math.Ceil(sb.Resources.CPU))), MemoryMB: sb.Resources.MemoryMB, DiskSizeMB: sb.Resources.DiskMB,
+		StartedAt: ts(sb.CreatedAt), EndAt: ts(sb.ExpiresAt), EnvdVersion: EnvdVersion,
+		Metadata: sb.Metadata, State: "running"}
+	if d.Metadata == nil {
+		d.Metadata = map[string]string{}
+	}
+	if withToken {
+		d.EnvdAccessToken = sb.AccessToken
+	}
+	return d
+}
+
+type e2bNewSandbox struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             json.RawMessage   `json:"network"`
+	AutoPause           *bool             `json:"autoPause"`
+	Secure              *bool             `json:"secure"`
+	MCP                 json.RawMessage   `json:"mcp"`
+	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
+}
+
+// e2bBody decodes a bounded JSON body, tolerating unknown fields (the SDK
+// adds fields over time) and an empty body.
+func e2bBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, MaxJSONBody)
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		e2bError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", MaxJSONBody))
+		return false
+	}
+	if len(strings.TrimSpace(string(data))) == 0 {
+		return true
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		e2bError(w, http.StatusBadRequest, "invalid JSON body: "+strings.TrimPrefix(err.Error(), "json: "))
+		return false
+	}
+	return true
+}
+
+func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
+	var req e2bNewSandbox
+	if !e2bBody(w, r, &req) {
+		return
+	}
+	if len(req.MCP) > 0 && string(req.MCP) != "null" {
+		e2bError(w, http.StatusBadRequest, "MCP gateway sandboxes are not supported by corral")
+		return
+	}
+	if len(req.VolumeMounts) > 0 && string(req.VolumeMounts) != "null" && string(req.VolumeMounts) != "[]" {
+		e2bError(w, http.StatusBadRequest, "volume mounts are not supported by corral")
+		return
+	}
+	ttl := int64(300)
+	if req.Timeout != nil {
+		ttl = *req.Timeout
+	}
+	cr := sandbox.CreateRequest{Template: req.TemplateID, Timeout: &ttl, Metadata: req.Metadata, Env: req.EnvVars}
+	sb, err := s.mgr.Create(r.Context(), cr)
+	if err != nil {
+		var inv *sandbox.InvalidError
+		switch {
+		case errors.As(err, &inv):
+			if strings.Contains(inv.Msg, "no such template") {
+				e2bError(w, http.StatusNotFound, inv.Msg)
+				return
+			}
+			e2bError(w, http.StatusBadRequest, inv.Msg)
+		case errors.Is(err, sandbox.ErrCapacity):
+			w.Header().Set("Retry-After", "5")
+			e2bError(w, http.StatusTooManyRequests, err.Error())
+		default:
+			s.log.Error("e2b create", "err", err)
+			e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+		}
+		return
+	}
+	writeJSON(w, http.StatusCreated, e2bSandboxOf(sb))
+}
+
+// e2bRunning returns the record of a running sandbox or writes E2B's 404.
+func (s *Server) e2bRunning(w http.ResponseWriter, r *http.Request) (*store.Sandbox, bool) {
+	id := r.PathValue("id")
+	if !s.mgr.Running(id) {
+		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
+		return nil, false
+	}
+	sb, err := s.mgr.Get(r.Context(), id)
+	if err != nil {
+		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
+		return nil, false
+	}
+	return sb, true
+}
+
+func (s *Server) e2bGet(w http.ResponseWriter, r *http.Request) {
+	if sb, ok := s.e2bRunning(w, r); ok {
+		writeJSON(w, http.StatusOK, e2bDetailOf(sb, true))
+	}
+}
+
+func (s *Server) e2bKill(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.mgr.Kill(r.Context(), r.PathValue("id")); err != nil {
+		if errors.Is(err, sandbox.ErrNotFound) {
+			e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", r.PathValue("id")))
+			return
+		}
+		s.log.Error("e2b kill", "err", err)
+		e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) e2bTimeout(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout int64 `json:"timeout"`
+	}
+	if !e2bBody(w, r, &req) {
+		return
+	}
+	if req.Timeout < 1 || req.Timeout > int64(sandbox.MaxTTL/time.Second) {
+		e2bError(w, http.StatusBadRequest, "timeout must be between 1 and 86400 seconds")
+		return
+	}
+	if _, err := s.mgr.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(req.Timeout)*time.Second); err != nil {
+		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", r.PathValue("id")))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) e2bConnect(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if !e2bBody(w, r, &req) {
+		return
+	}
+	if _, ok := s.e2bRunning(w, r); !ok {
+		return
+	}
+	ttl := int64(300)
+	if req.Timeout != nil {
+		ttl = *req.Timeout
+	}
+	if ttl < 1 || ttl > int64(sandbox.MaxTTL/time.Second) {
+		e2bError(w, http.StatusBadRequest, "timeout must be between 1 and 86400 seconds")
+		return
+	}
+	sb, err := s.mgr.ExtendTimeout(r.Context(), r.PathValue("id"), time.Duration(ttl)*time.Second)
+	if err != nil {
+		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", r.PathValue("id")))
+		return
+	}
+	writeJSON(w, http.StatusOK, e2bSandboxOf(sb))
+}
+
+func (s *Server) e2bMetrics(w http.ResponseWriter, r *http.Request) {
+	sb, ok := s.e2bRunning(w, r)
+	if !ok {
+		return
+	}
+	st, err := s.mgr.Stats(sb.ID)
+	if err != nil {
+		writeJSON(w, http.StatusOK, []any{})
+		return
+	}
+	now := time.Now().UTC()
+	cpus := max(sb.Resources.CPU, 0.01)
+	used := st.CPUSeconds / math.Max(now.Sub(sb.CreatedAt).Seconds(), 1e-3) / cpus * 100
+	writeJSON(w, http.StatusOK, []map[string]any{{
+		"timestamp": ts(now), "timestampUnix": now.Unix(), "cpuCount": max(1, int(math.Ceil(sb.Resources.CPU))),
+		"cpuUsedPct": math.Min(used, 100), "memUsed": st.MemoryBytes, "memTotal": sb.Resources.MemoryMB << 20,
+		"memCache": 0, "diskUsed": 0, "diskTotal": sb.Resources.DiskMB << 20,
+	}})
+}
+
+// e2bList serves GET /v2/sandboxes (and v1 GET /sandboxes): running
+// sandboxes filtered by metadata, state, startedAfter and template,
+// ordered by start time, paginated with X-Next-Token.
+func (s *Server) e2bList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	match, err := parseE2BMetadata(q.Get("metadata"))
+	if err != nil {
+		e2bError(w, http.StatusBadRequest, "invalid metadata filter: "+err.Error())
+		return
+	}
+	if st := q.Get("state"); st != "" {
+		wantRunning := false
+		for _, v := range strings.Split(st, ",") {
+			switch v {
+			case "running":
+				wantRunning = true
+			case "paused":
+			default:
+				e2bError(w, http.StatusBadRequest, "state must be running or paused")
+				return
+			}
+		}
+		if !wantRunning { // corral has no paused sandboxes yet
+			w.Header().Set("X-Next-Token", "")
+			writeJSON(w, http.StatusOK, []any{})
+			return
+		}
+	}
+	var after time.Time
+	if v := q.Get("startedAfter"); v != "" {
+		if after, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			e2bError(w, http.StatusBadRequest, "startedAfter must be an RFC 3339 time")
+			return
+		}
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 100 {
+			e2bError(w, http.StatusBadRequest, "limit must be 1..100")
+			return
+		}
+	}
+	offset := 0
+	if v := q.Get("nextToken"); v != "" {
+		b, err := base64.RawURLEncoding.DecodeString(v)
+		if err == nil {
+			offset, err = strconv.Atoi(string(b))
+		}
+		if err != nil || offset < 0 {
+			e2bError(w, http.StatusBadRequest, "invalid nextToken")
+			return
+		}
+	}
+	all, err := s.mgr.List(r.Context(), store.StateRunning, match)
+	if err != nil {
+		e2bError(w, http.StatusInternalServerError, "internal error")
+		return
+	}
+	tmpl := q.Get("template")
+	items := make([]*store.Sandbox, 0, len(all))
+	for _, sb := range all {
+		if (tmpl == "" || sb.Template == tmpl) && !sb.CreatedAt.Before(after) && s.mgr.Running(sb.ID) {
+			items = append(items, sb)
+		}
+	}
+	asc := q.Get("order") == "asc"
+	sort.SliceStable(items, func(i, j int) bool {
+		if asc {
+			return items[i].CreatedAt.Before(items[j].CreatedAt)
+		}
+		return items[i].CreatedAt.After(items[j].CreatedAt)
+	})
+	page := items[min(offset, len(items)):]
+	next := ""
+	if len(page) > limit {
+		page = page[:limit]
+		next = base64.RawURLEncoding.EncodeToString([]byte(strconv.Itoa(offset + limit)))
+	}
+	out := make([]e2bDetail, 0, len(page))
+	for _, sb := range page {
+		out = append(out, e2bDetailOf(sb, false))
+	}
+	w.Header().Set("X-Next-Token", next)
+	w.Header().Set("X-Total-Running", strconv.Itoa(len(items)))
+	writeJSON(w, http.StatusOK, out)
+}
+
+// parseE2BMetadata decodes the SDK's doubly encoded metadata filter
+// (e2b-compat.md §2.6): after query decoding, unescape once more, split on
+// & and =, unescape key and value again.
+func parseE2BMetadata(raw string) (map[string]string, error) {
+	out := map[string]string{}
+	if raw == "" {
+		return out, nil
+	}
+	s, err := url.QueryUnescape(raw)
+	if err != nil {
+		s = raw
+	}
+	for _, pair := range strings.Split(s, "&") {
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		if k, err = url.QueryUnescape(k); err != nil {
+			return nil, err
+		}
+		if v, err = url.QueryUnescape(v); err != nil {
+			return nil, err
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// e2bNotFound is the proxy's answer for an unknown, ended or paused
+// sandbox: HTTP 502 with E2B's exact body (e2b-compat.md §5).
+func e2bNotFound(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": 502})
+}
+
+const e2bUnauthorized = "unauthorized access, please provide a valid access token or method signing if supported"
+
+// e2bEnvd routes an envd request for sandbox id to its agent, after
+// checking the sandbox's access token (or, on /files, leaving a URL
+// signature to the agent, which verifies it with the same token).
+func (s *Server) e2bEnvd(w http.ResponseWriter, r *http.Request, id string) {
+	token, ok := s.mgr.AccessToken(id)
+	if !ok {
+		e2bNotFound(w, id)
+		return
+	}
+	ctx := withSandboxID(r.Context(), id)
+	switch got := r.Header.Get("X-Access-Token"); {
+	case r.URL.Path == "/health":
+	case got != "":
+		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			e2bError(w, http.StatusUnauthorized, e2bUnauthorized)
+			return
+		}
+	case r.URL.Path == "/files":
+		ctx = sandbox.WithoutToken(ctx) // the agent checks the signature
+	default:
+		e2bError(w, http.StatusUnauthorized, e2bUnauthorized)
+		return
+	}
+	r2 := r.Clone(ctx)
+	r2.Header.Del("X-API-Key")
+	s.agent.ServeHTTP(w, r2)
+}
+
+// e2bSignedFiles serves a signed /files URL that names no sandbox (the
+// SDK's uploadUrl/downloadUrl with E2B_SANDBOX_URL): the sandbox is the
+// one whose token produced the signature.
+func (s *Server) e2bSignedFiles(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	sig := q.Get("signature")
+	id := s.mgr.FindByToken(func(token string) bool {
+		return subtle.ConstantTimeCompare([]byte(signFiles(q.Get("path"), op, q.Get("username"), token, q.Get("signature_expiration"))), []byte(sig)) == 1
+	})
+	if id == "" {
+		e2bError(w, http.StatusUnauthorized, "invalid signature")
+		return
+	}
+	r2 := r.Clone(sandbox.WithoutToken(withSandboxID(r.Context(), id)))
+	s.agent.ServeHTTP(w, r2)
+}
+
+// signFiles computes envd's v1 URL signature (e2b-compat.md §4.4).
+func signFiles(path, op, user, token, exp string) string {
+	msg := path + ":" + op + ":" + user + ":" + token
+	if exp != "" {
+		msg += ":" + exp
+	}
+	sum := sha256.Sum256([]byte(msg))
+	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+}
+
+// e2bHost parses a <port>-<id>.<domain> host name.
+func e2bHost(host string) (port int, id string, ok bool) {
+	if h, _, found := strings.Cut(host, ":"); found {
+		host = h
+	}
+	label, _, found := strings.Cut(host, ".")
+	if !found {
+		return 0, "", false
+	}
+	p, id, found := strings.Cut(label, "-")
+	if !found || id == "" {
+		return 0, "", false
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 1 || port > 65535 {
+		return 0, "", false
+	}
+	return port, id, true
+}
