@@ -9,7 +9,7 @@ LISTEN   ?= 127.0.0.1:7420
 # Debian packages the server and the tests need.
 DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates
 
-.PHONY: run test build deps vet bench proto clean
+.PHONY: run test build deps e2b-deps vet bench proto clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/corral
@@ -21,6 +21,14 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
+# The e2b SDK (npm, pinned in test/e2b/package-lock.json) for the E2B
+# compatibility tests. Node.js 20 comes with the machine; Debian's nodejs
+# is installed when node is missing.
+e2b-deps:
+	@command -v node >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+	@test -d test/e2b/node_modules/e2b && cmp -s test/e2b/package-lock.json test/e2b/node_modules/.package-lock.json.src 2>/dev/null || \
+		{ npm ci --prefix test/e2b --no-audit --no-fund --loglevel=error && cp test/e2b/package-lock.json test/e2b/node_modules/.package-lock.json.src; }
+
 run: deps build
 	$(BIN) serve --listen $(LISTEN) --data $(DATA)
 
@@ -28,7 +36,7 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
-test: deps build vet
+test: deps e2b-deps build vet
 	$(GO) test -count=1 -timeout 45m ./...
 
 bench: deps build

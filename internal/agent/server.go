@@ -128,6 +128,7 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /files", s.handleDownload)
 	mux.HandleFunc("POST /files", s.handleUpload)
+	mux.HandleFunc("GET /port/{port}", s.handlePort)
 	return s.authMiddleware(s.asFileUser(mux))
 }
 

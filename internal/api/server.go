@@ -6,7 +6,6 @@ package api
 import (
 	"context"
 	"crypto/subtle"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -30,6 +29,7 @@ type Server struct {
 	log   *slog.Logger
 	mux   *http.ServeMux
 	agent http.Handler
+	ports http.Handler
 }
 
 // New returns a Server.
@@ -39,6 +39,7 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 	}
 	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux()}
 	s.agent = newAgentProxy(mgr, log)
+	s.ports = newPortProxy(mgr, log)
 	s.routes()
 	return s
 }
@@ -70,11 +71,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if port, id, ok := e2bHost(r.Host); ok {
-		if port != EnvdPort {
-			e2bError(w, http.StatusBadGateway, fmt.Sprintf("corral does not route to sandbox ports yet (port %d)", port))
-			return
+		if port == EnvdPort {
+			s.e2bEnvd(w, r, id)
+		} else {
+			s.sandboxPort(w, r, id, port)
 		}
-		s.e2bEnvd(w, r, id)
 		return
 	}
 	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {

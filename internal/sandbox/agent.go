@@ -1,8 +1,10 @@
 package sandbox
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -229,3 +231,57 @@ func (p *Process) Close() {
 func BasicUser(user string) string {
 	return "Basic " + basic64(user+":")
 }
+
+// DialPort opens a TCP tunnel to 127.0.0.1:port inside a running
+// sandbox, through its agent (which needs no network interface for it).
+func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	tok, ok := m.AccessToken(id)
+	if !ok {
+		return nil, ErrNotFound
+	}
+	c, err := m.Dial(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	req := "GET /port/" + strconv.Itoa(port) + " HTTP/1.1\r\nHost: agent\r\nConnection: Upgrade\r\nUpgrade: " +
+		portUpgrade + "\r\nX-Access-Token: " + tok + "\r\n\r\n"
+	if _, err := io.WriteString(c, req); err != nil {
+		c.Close()
+		return nil, err
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		c.Close()
+		return nil, &PortError{Status: resp.StatusCode, Body: string(body)}
+	}
+	c.SetDeadline(time.Time{})
+	return &bufferedConn{Conn: c, r: br}, nil
+}
+
+// portUpgrade is the agent's tunnel protocol (agent.PortUpgrade).
+const portUpgrade = "corral-tcp"
+
+// PortError is the agent's refusal to open a tunnel (nothing listens).
+type PortError struct {
+	Status int
+	Body   string
+}
+
+func (e *PortError) Error() string { return fmt.Sprintf("port tunnel: %d %s", e.Status, e.Body) }
+
+// bufferedConn reads what the response parser buffered before the conn.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }

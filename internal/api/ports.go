@@ -1,0 +1,67 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+
+	"github.com/corralhq/corral/internal/sandbox"
+)
+
+type portKey struct{}
+
+type portTarget struct {
+	id   string
+	port int
+}
+
+// newPortProxy returns the reverse proxy for <port>-<id>.<domain> host
+// names: HTTP (and upgraded connections such as WebSockets) to a server
+// listening on 127.0.0.1:port inside the sandbox, through a tunnel over
+// the agent's socket. Like E2B's default, sandbox ports are public to
+// whoever can reach corral's listener.
+func newPortProxy(mgr *sandbox.Manager, log *slog.Logger) http.Handler {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			t, _ := ctx.Value(portKey{}).(portTarget)
+			return mgr.DialPort(ctx, t.id, t.port)
+		},
+		DisableKeepAlives: true, // one tunnel per request; the target may differ
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t, _ := pr.In.Context().Value(portKey{}).(portTarget)
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = "127.0.0.1:" + strconv.Itoa(t.port)
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+		},
+		Transport:     tr,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			t, _ := r.Context().Value(portKey{}).(portTarget)
+			var pe *sandbox.PortError
+			if errors.As(err, &pe) {
+				writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": t.id,
+					"message": "nothing listens on port " + strconv.Itoa(t.port) + " in the sandbox", "code": 502, "port": t.port})
+				return
+			}
+			log.Warn("sandbox port proxy", "sandbox", t.id, "port", t.port, "err", err)
+			e2bNotFound(w, t.id)
+		},
+	}
+}
+
+// sandboxPort serves a request for port of sandbox id.
+func (s *Server) sandboxPort(w http.ResponseWriter, r *http.Request, id string, port int) {
+	if !s.mgr.Running(id) {
+		e2bNotFound(w, id)
+		return
+	}
+	ctx := context.WithValue(r.Context(), portKey{}, portTarget{id: id, port: port})
+	s.ports.ServeHTTP(w, r.WithContext(ctx))
+}
