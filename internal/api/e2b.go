@@ -455,6 +455,10 @@ func (s *Server) e2bSignedFiles(w http.ResponseWriter, r *http.Request) {
 		op = "write"
 	}
 	sig := q.Get("signature")
+	if sig == "" {
+		e2bError(w, http.StatusUnauthorized, "missing signature query parameter")
+		return
+	}
 	id := s.mgr.FindByToken(func(token string) bool {
 		return subtle.ConstantTimeCompare([]byte(signFiles(q.Get("path"), op, q.Get("username"), token, q.Get("signature_expiration"))), []byte(sig)) == 1
 	})

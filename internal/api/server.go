@@ -78,7 +78,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+	if r.URL.Path == "/files" {
 		s.e2bSignedFiles(w, r)
 		return
 	}

@@ -210,13 +210,20 @@ func (m *Manager) validate(req *CreateRequest) (*store.Sandbox, runtime.Config, 
 		Metadata: req.Metadata, State: store.StateRunning, CreatedAt: now, ExpiresAt: now.Add(ttl),
 	}
 	_, sudoErr := os.Stat(filepath.Join(rootfs, "usr/bin/sudo"))
+	// Every process sees that it runs in a sandbox (E2B_SANDBOX as envd
+	// sets it, so code written for E2B detects it too); the caller's env
+	// wins over these.
+	env := map[string]string{"E2B_SANDBOX": "true", "CORRAL_SANDBOX": "true"}
+	for k, v := range req.Env {
+		env[k] = v
+	}
 	rc = runtime.Config{
 		ID: rec.ID, Runtime: runtime.Runtime(req.Runtime), RootFS: rootfs,
 		Resources: runtime.Resources{
 			CPU: res.CPU, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20,
 			Pids: res.Pids, Nofile: res.Nofile,
 		},
-		Env:             req.Env,
+		Env:             env,
 		NoNewPrivileges: sudoErr != nil,
 		DefaultUser:     "user",
 		AccessToken:     rec.AccessToken,
