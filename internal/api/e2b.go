@@ -290,7 +290,7 @@ func (s *Server) e2bMetrics(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, []map[string]any{{
 		"timestamp": ts(now), "timestampUnix": now.Unix(), "cpuCount": max(1, int(math.Ceil(sb.Resources.CPU))),
 		"cpuUsedPct": math.Min(used, 100), "memUsed": st.MemoryBytes, "memTotal": sb.Resources.MemoryMB << 20,
-		"memCache": 0, "diskUsed": 0, "diskTotal": sb.Resources.DiskMB << 20,
+		"memCache": 0, "diskUsed": st.DiskBytes, "diskTotal": sb.Resources.DiskMB << 20,
 	}})
 }
 

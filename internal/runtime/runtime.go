@@ -83,6 +83,8 @@ type Stats struct {
 	Pids int64
 	// CPUSeconds is the CPU time used since start.
 	CPUSeconds float64
+	// DiskBytes is what the writable layer holds.
+	DiskBytes int64
 }
 
 // ErrNotFound is returned for a sandbox the driver does not hold.

@@ -370,6 +370,10 @@ func (d *Driver) Stats(id string) (runtime.Stats, error) {
 	s.MemoryBytes, _ = g.MemoryBytes()
 	s.Pids, _ = g.Pids()
 	s.CPUSeconds, _ = g.CPUSeconds()
+	var fs unix.Statfs_t
+	if err := unix.Statfs(filepath.Join(d.dir(id), "disk"), &fs); err == nil {
+		s.DiskBytes = int64(fs.Blocks-fs.Bfree) * int64(fs.Bsize)
+	}
 	return s, nil
 }
 

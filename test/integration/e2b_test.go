@@ -1,0 +1,100 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// e2bDir holds the E2B-compatibility suite, relative to this package.
+const e2bDir = "../e2b"
+
+// e2bVersion is the SDK version the suite pins (test/e2b/package.json).
+const e2bVersion = "2.51.0"
+
+// TestE2BSDK runs the unmodified e2b JS SDK's compatibility suite
+// (test/e2b/*.test.mjs, node:test) against the shared in-process server,
+// configured exactly as an E2B user would configure the SDK.
+func TestE2BSDK(t *testing.T) {
+	need(t)
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed: the E2B suite needs Node.js 20+")
+	}
+	pkg := filepath.Join(e2bDir, "node_modules", "e2b", "package.json")
+	data, err := os.ReadFile(pkg)
+	if err != nil {
+		t.Skip("the e2b npm package is not installed: run `npm ci --prefix test/e2b`")
+	}
+	var meta struct {
+		Version string `json:"version"`
+	}
+	if err := json.Unmarshal(data, &meta); err != nil || meta.Version != e2bVersion {
+		t.Fatalf("test/e2b/node_modules/e2b is version %q, the suite pins %s: run `npm ci --prefix test/e2b`", meta.Version, e2bVersion)
+	}
+	files, err := filepath.Glob(filepath.Join(e2bDir, "*.test.mjs"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no test files in %s: %v", e2bDir, err)
+	}
+	sort.Strings(files)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	args := append([]string{"--test", "--test-concurrency=2", "--test-reporter=spec"}, files...)
+	cmd := exec.CommandContext(ctx, node, args...)
+	cmd.Env = e2bEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	start := time.Now()
+	err = cmd.Run()
+	took := time.Since(start).Round(time.Second)
+	if err != nil || testing.Verbose() {
+		logLines(t, out.String())
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("node --test did not finish within 5 minutes (killed after %s)", took)
+	}
+	if err != nil {
+		t.Fatalf("node --test %s: %v (after %s)", strings.Join(files, " "), err, took)
+	}
+	t.Logf("E2B suite passed in %s", took)
+}
+
+// e2bEnv is this process's environment without any E2B_* setting, plus
+// the three a user sets to point the SDK at corral.
+func e2bEnv() []string {
+	var envv []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		// E2B_COMPAT_* are the suite's own knobs; every other E2B_* would
+		// change what the SDK does (E2B_DEBUG, E2B_DOMAIN, ...).
+		if strings.HasPrefix(name, "E2B_") && !strings.HasPrefix(name, "E2B_COMPAT_") {
+			continue
+		}
+		envv = append(envv, kv)
+	}
+	return append(envv, "E2B_API_URL="+env.url, "E2B_SANDBOX_URL="+env.url, "E2B_API_KEY="+env.key)
+}
+
+// logLines logs out in pieces small enough for t.Log to stay readable.
+func logLines(t *testing.T, out string) {
+	t.Helper()
+	const chunk = 200
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	for i := 0; i < len(lines); i += chunk {
+		end := min(i+chunk, len(lines))
+		t.Log("\n" + strings.Join(lines[i:end], "\n"))
+	}
+}
