@@ -91,7 +91,18 @@ func TestLeak(t *testing.T) {
 	if testing.Short() {
 		cycles = 20
 	}
-	snap := hostSnapshot(t)
+	// Start from a quiet host: sandboxes of earlier tests (some may still
+	// be expiring) are killed first.
+	var list struct{ Sandboxes []sandboxJSON }
+	call(t, "GET", "/v1/sandboxes", nil, &list)
+	for _, sb := range list.Sandboxes {
+		call(t, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
+	}
+	var snap map[string]int
+	waitFor(t, "a host without sandboxes", 30*time.Second, func() bool {
+		snap = hostSnapshot(t)
+		return snap["sandbox cgroups"] == 0 && snap["processes of sandbox uids"] == 0
+	})
 	for i := 0; i < cycles; i++ {
 		var sb sandboxJSON
 		if code := call(t, "POST", "/v1/sandboxes", map[string]any{}, &sb); code != 201 {
