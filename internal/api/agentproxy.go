@@ -57,7 +57,14 @@ func newAgentProxy(mgr *sandbox.Manager, log *slog.Logger) http.Handler {
 			writeError(w, http.StatusBadGateway, CodeUnavailable, "the sandbox's agent did not answer")
 		},
 	}
-	mux.Handle("/", rp)
+	// A stream's response starts while the request body may still be
+	// being copied upstream; without full duplex the server would close
+	// the request body at the first flush, the copy would fail and the
+	// transport would drop the agent connection under the stream.
+	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		rp.ServeHTTP(w, r)
+	}))
 	return mux
 }
 

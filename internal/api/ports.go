@@ -63,5 +63,6 @@ func (s *Server) sandboxPort(w http.ResponseWriter, r *http.Request, id string, 
 		return
 	}
 	ctx := context.WithValue(r.Context(), portKey{}, portTarget{id: id, port: port})
+	_ = http.NewResponseController(w).EnableFullDuplex() // see newAgentProxy
 	s.ports.ServeHTTP(w, r.WithContext(ctx))
 }
