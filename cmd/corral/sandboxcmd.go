@@ -29,6 +29,8 @@ func newSandboxCmd(g *clientGlobals) *cobra.Command {
 		newSandboxLsCmd(g),
 		newSandboxGetCmd(g),
 		newSandboxKillCmd(g),
+		newSandboxPauseCmd(g, true),
+		newSandboxPauseCmd(g, false),
 		newSandboxTimeoutCmd(g),
 		newExecCmd(g),
 		newSandboxCpCmd(g),
@@ -233,6 +235,46 @@ func newSandboxKillCmd(g *clientGlobals) *cobra.Command {
 			return failed
 		},
 	}
+}
+
+// newSandboxPauseCmd is `corral sandbox pause ID` (freeze) or, with
+// pause false, `corral sandbox resume ID [--ttl DUR]` (thaw).
+func newSandboxPauseCmd(g *clientGlobals, pause bool) *cobra.Command {
+	var ttl string
+	cmd := &cobra.Command{
+		Use:   "pause ID",
+		Short: "Freeze every process of a sandbox (memory kept, lifetime clock stopped)",
+		Args:  argsRange(1, 1, "one sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			if pause {
+				_, err = c.Pause(ctx, args[0])
+			} else {
+				var d time.Duration
+				if ttl != "" {
+					if d, err = parseDurationArg(ttl); err != nil {
+						return usageError(cmd, "--ttl: %v", err)
+					}
+				}
+				_, err = c.Resume(ctx, args[0], d)
+			}
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			return nil
+		},
+	}
+	if !pause {
+		cmd.Use = "resume ID"
+		cmd.Short = "Thaw a paused sandbox"
+		cmd.Flags().StringVar(&ttl, "ttl", "", "lifetime from now after resuming (default: what was left when paused)")
+	}
+	return cmd
 }
 
 func newSandboxTimeoutCmd(g *clientGlobals) *cobra.Command {

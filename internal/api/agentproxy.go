@@ -23,6 +23,10 @@ import (
 func (s *Server) agentRoute(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !s.mgr.Running(id) {
+		if s.mgr.Paused(id) {
+			writeError(w, http.StatusConflict, CodeConflict, "sandbox is paused; resume it first")
+			return
+		}
 		if _, err := s.mgr.Get(r.Context(), id); err == nil {
 			writeError(w, http.StatusNotFound, CodeNotFound, "sandbox has ended")
 			return

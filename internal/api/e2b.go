@@ -43,7 +43,9 @@ func (s *Server) e2bRoutes() {
 	s.mux.Handle("POST /sandboxes/{id}/connect", s.e2bAuth(s.e2bConnect))
 	s.mux.Handle("POST /v2/sandboxes/{id}/connect", s.e2bAuth(s.e2bConnect))
 	s.mux.Handle("GET /sandboxes/{id}/metrics", s.e2bAuth(s.e2bMetrics))
-	for _, p := range []string{"POST /sandboxes/{id}/pause", "POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/snapshots",
+	s.mux.Handle("POST /sandboxes/{id}/pause", s.e2bAuth(s.e2bPause))
+	s.mux.Handle("POST /sandboxes/{id}/resume", s.e2bAuth(s.e2bConnect))
+	for _, p := range []string{"POST /sandboxes/{id}/snapshots",
 		"POST /sandboxes/{id}/fork", "PUT /sandboxes/{id}/network", "GET /snapshots"} {
 		s.mux.Handle(p, s.e2bAuth(func(w http.ResponseWriter, r *http.Request) {
 			e2bError(w, http.StatusNotImplemented, "corral does not support "+r.Method+" "+r.Pattern[strings.IndexByte(r.Pattern, ' ')+1:]+" yet (see docs/e2b.md)")
@@ -114,7 +116,7 @@ func e2bDetailOf(sb *store.Sandbox, withToken bool) e2bDetail {
 	d := e2bDetail{SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "corral",
 		CPUCount: max(1, int(math.Ceil(sb.Resources.CPU))), MemoryMB: sb.Resources.MemoryMB, DiskSizeMB: sb.Resources.DiskMB,
 		StartedAt: ts(sb.CreatedAt), EndAt: ts(sb.ExpiresAt), EnvdVersion: EnvdVersion,
-		Metadata: sb.Metadata, State: "running"}
+		Metadata: sb.Metadata, State: sb.State}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}
@@ -196,10 +198,11 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, e2bSandboxOf(sb))
 }
 
-// e2bRunning returns the record of a running sandbox or writes E2B's 404.
+// e2bRunning returns the record of a running or paused sandbox or writes
+// E2B's 404.
 func (s *Server) e2bRunning(w http.ResponseWriter, r *http.Request) (*store.Sandbox, bool) {
 	id := r.PathValue("id")
-	if !s.mgr.Running(id) {
+	if !s.mgr.Running(id) && !s.mgr.Paused(id) {
 		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
 		return nil, false
 	}
@@ -266,12 +269,50 @@ func (s *Server) e2bConnect(w http.ResponseWriter, r *http.Request) {
 		e2bError(w, http.StatusBadRequest, "timeout must be between 1 and 86400 seconds")
 		return
 	}
-	sb, err := s.mgr.ExtendTimeout(r.Context(), r.PathValue("id"), time.Duration(ttl)*time.Second)
+	id := r.PathValue("id")
+	if s.mgr.Paused(id) { // connect resumes a paused sandbox: 201
+		sb, err := s.mgr.Resume(r.Context(), id, time.Duration(ttl)*time.Second)
+		if err != nil {
+			s.log.Error("e2b resume", "id", id, "err", err)
+			e2bError(w, http.StatusInternalServerError, "resume failed; see the server log")
+			return
+		}
+		writeJSON(w, http.StatusCreated, e2bSandboxOf(sb))
+		return
+	}
+	if strings.HasSuffix(r.URL.Path, "/resume") {
+		e2bError(w, http.StatusConflict, fmt.Sprintf("sandbox %q is already running", id))
+		return
+	}
+	sb, err := s.mgr.ExtendTimeout(r.Context(), id, time.Duration(ttl)*time.Second)
 	if err != nil {
-		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", r.PathValue("id")))
+		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
 		return
 	}
 	writeJSON(w, http.StatusOK, e2bSandboxOf(sb))
+}
+
+// e2bPause freezes a sandbox (memory kept): 204, 409 if already paused.
+func (s *Server) e2bPause(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Memory *bool `json:"memory"`
+	}
+	if !e2bBody(w, r, &req) {
+		return
+	}
+	id := r.PathValue("id")
+	_, err := s.mgr.Pause(r.Context(), id)
+	switch {
+	case err == nil:
+		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, sandbox.ErrConflict):
+		e2bError(w, http.StatusConflict, fmt.Sprintf("sandbox %q is already paused", id))
+	case errors.Is(err, sandbox.ErrNotFound):
+		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
+	default:
+		s.log.Error("e2b pause", "id", id, "err", err)
+		e2bError(w, http.StatusInternalServerError, "pause failed; see the server log")
+	}
 }
 
 func (s *Server) e2bMetrics(w http.ResponseWriter, r *http.Request) {
@@ -304,22 +345,15 @@ func (s *Server) e2bList(w http.ResponseWriter, r *http.Request) {
 		e2bError(w, http.StatusBadRequest, "invalid metadata filter: "+err.Error())
 		return
 	}
+	states := []string{store.StateRunning, store.StatePaused}
 	if st := q.Get("state"); st != "" {
-		wantRunning := false
+		states = nil
 		for _, v := range strings.Split(st, ",") {
-			switch v {
-			case "running":
-				wantRunning = true
-			case "paused":
-			default:
+			if v != store.StateRunning && v != store.StatePaused {
 				e2bError(w, http.StatusBadRequest, "state must be running or paused")
 				return
 			}
-		}
-		if !wantRunning { // corral has no paused sandboxes yet
-			w.Header().Set("X-Next-Token", "")
-			writeJSON(w, http.StatusOK, []any{})
-			return
+			states = append(states, v)
 		}
 	}
 	var after time.Time
@@ -347,7 +381,7 @@ func (s *Server) e2bList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	all, err := s.mgr.List(r.Context(), store.StateRunning, match)
+	all, err := s.mgr.List(r.Context(), match, states...)
 	if err != nil {
 		e2bError(w, http.StatusInternalServerError, "internal error")
 		return
@@ -355,7 +389,7 @@ func (s *Server) e2bList(w http.ResponseWriter, r *http.Request) {
 	tmpl := q.Get("template")
 	items := make([]*store.Sandbox, 0, len(all))
 	for _, sb := range all {
-		if (tmpl == "" || sb.Template == tmpl) && !sb.CreatedAt.Before(after) && s.mgr.Running(sb.ID) {
+		if (tmpl == "" || sb.Template == tmpl) && !sb.CreatedAt.Before(after) && (s.mgr.Running(sb.ID) || s.mgr.Paused(sb.ID)) {
 			items = append(items, sb)
 		}
 	}

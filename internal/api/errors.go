@@ -55,6 +55,8 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusBadRequest, CodeInvalidArgument, inv.Msg)
 	case errors.Is(err, sandbox.ErrNotFound):
 		writeError(w, http.StatusNotFound, CodeNotFound, "sandbox not found")
+	case errors.Is(err, sandbox.ErrConflict):
+		writeError(w, http.StatusConflict, CodeConflict, "the sandbox's state does not allow this (paused or running already)")
 	case errors.Is(err, sandbox.ErrCapacity):
 		writeError(w, http.StatusTooManyRequests, CodeCapacityExceeded, err.Error())
 	default:

@@ -92,6 +92,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if s.mgr.Paused(id) {
+		s.writeErr(w, r, sandbox.ErrConflict)
+		return
+	}
 	lifetime := sb.CommandTimeout
 	if req.Timeout != nil {
 		if *req.Timeout < 0 || *req.Timeout > float64(sandbox.MaxCommandTimeout/time.Second) {

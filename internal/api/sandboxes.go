@@ -60,15 +60,15 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	state := q.Get("state")
-	switch state {
-	case "", store.StateRunning:
-		state = store.StateRunning
-	case store.StateEnded:
+	var states []string
+	switch st := q.Get("state"); st {
+	case "":
+		states = []string{store.StateRunning, store.StatePaused}
+	case store.StateRunning, store.StatePaused, store.StateEnded:
+		states = []string{st}
 	case "all":
-		state = ""
 	default:
-		writeError(w, http.StatusBadRequest, CodeInvalidArgument, "state must be running, ended or all")
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, "state must be running, paused, ended or all")
 		return
 	}
 	match := map[string]string{}
@@ -77,7 +77,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 			match[name] = vs[0]
 		}
 	}
-	list, err := s.mgr.List(r.Context(), state, match)
+	list, err := s.mgr.List(r.Context(), match, states...)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -119,6 +119,30 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sb, err := s.mgr.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(req.Timeout)*time.Second)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, view(sb))
+}
+
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.Pause(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, view(sb))
+}
+
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Timeout int64 `json:"timeout"`
+	}
+	if r.ContentLength != 0 && !decodeJSON(w, r, &req) {
+		return
+	}
+	sb, err := s.mgr.Resume(r.Context(), r.PathValue("id"), time.Duration(req.Timeout)*time.Second)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

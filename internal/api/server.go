@@ -54,6 +54,8 @@ func (s *Server) routes() {
 	s.mux.Handle("DELETE /v1/sandboxes/{id}", s.auth(s.killSandbox))
 	s.mux.Handle("POST /v1/sandboxes/{id}/timeout", s.auth(s.setTimeout))
 	s.mux.Handle("POST /v1/sandboxes/{id}/exec", s.auth(s.exec))
+	s.mux.Handle("POST /v1/sandboxes/{id}/pause", s.auth(s.pauseSandbox))
+	s.mux.Handle("POST /v1/sandboxes/{id}/resume", s.auth(s.resumeSandbox))
 	s.mux.Handle("GET /v1/sandboxes/{id}/commands", s.auth(s.listCommands))
 	s.mux.Handle("/v1/sandboxes/{id}/agent/", s.auth(s.agentRoute))
 	s.e2bRoutes()

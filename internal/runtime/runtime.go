@@ -108,6 +108,12 @@ type Driver interface {
 	Dial(ctx context.Context, id string) (net.Conn, error)
 	// Stats reads the sandbox's cgroup counters.
 	Stats(id string) (Stats, error)
-	// Alive reports whether the sandbox's init process is still running.
+	// Alive reports whether the sandbox's init process is still running
+	// (paused counts as alive).
 	Alive(id string) bool
+	// Pause freezes every process of the sandbox (cgroup freezer): memory
+	// is kept, no CPU is used. Resume thaws them.
+	Pause(ctx context.Context, id string) error
+	// Resume thaws a paused sandbox.
+	Resume(ctx context.Context, id string) error
 }

@@ -27,6 +27,9 @@ var (
 	ErrNotFound = errors.New("sandbox not found")
 	// ErrCapacity: the server runs its maximum number of sandboxes.
 	ErrCapacity = errors.New("too many sandboxes running")
+	// ErrConflict: the sandbox is not in a state that allows the call
+	// (pausing a paused sandbox, resuming a running one).
+	ErrConflict = errors.New("sandbox state does not allow this")
 )
 
 // End reasons recorded for a sandbox.
@@ -100,6 +103,9 @@ type liveSandbox struct {
 	pid    int
 	timer  *time.Timer
 	ending bool // Kill in progress; guarded by Manager.mu
+	// paused: frozen, TTL clock stopped with remaining left; guarded by Manager.mu.
+	paused    bool
+	remaining time.Duration
 }
 
 // New returns a Manager; call Reconcile before serving requests.
@@ -356,10 +362,10 @@ func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
 	return rec, err
 }
 
-// List returns sandboxes in state ("" for all) whose metadata contains
-// every pair of match.
-func (m *Manager) List(ctx context.Context, state string, match map[string]string) ([]*store.Sandbox, error) {
-	all, err := m.store.ListSandboxes(ctx, state)
+// List returns sandboxes in the given states (all if none) whose
+// metadata contains every pair of match.
+func (m *Manager) List(ctx context.Context, match map[string]string, states ...string) ([]*store.Sandbox, error) {
+	all, err := m.store.ListSandboxes(ctx, states...)
 	if err != nil {
 		return nil, err
 	}
@@ -395,7 +401,11 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (*
 		return nil, err
 	}
 	ls.rec.ExpiresAt = at
-	ls.timer.Reset(d)
+	if ls.paused {
+		ls.remaining = d // the clock restarts on resume
+	} else {
+		ls.timer.Reset(d)
+	}
 	return m.store.GetSandbox(ctx, id)
 }
 
@@ -427,7 +437,7 @@ func (m *Manager) AccessToken(id string) (string, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ls, ok := m.live[id]
-	if !ok || ls.ending {
+	if !ok || ls.ending || ls.paused {
 		return "", false
 	}
 	return ls.rec.AccessToken, true
@@ -440,7 +450,7 @@ func (m *Manager) FindByToken(match func(token string) bool) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for id, ls := range m.live {
-		if !ls.ending && match(ls.rec.AccessToken) {
+		if !ls.ending && !ls.paused && match(ls.rec.AccessToken) {
 			return id
 		}
 	}
@@ -452,6 +462,7 @@ func (m *Manager) FindByToken(match func(token string) bool) string {
 func (m *Manager) ExtendTimeout(ctx context.Context, id string, d time.Duration) (*store.Sandbox, error) {
 	m.mu.Lock()
 	ls, ok := m.live[id]
+	ok = ok && !ls.ending && !ls.paused
 	longer := ok && time.Now().Add(d).After(ls.rec.ExpiresAt)
 	m.mu.Unlock()
 	if !ok {
@@ -473,12 +484,97 @@ func (m *Manager) token(id string) string {
 	return ""
 }
 
-// Running reports whether id is a running sandbox of this server.
+// Running reports whether id is a running (not paused, not ending)
+// sandbox of this server.
 func (m *Manager) Running(id string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ls, ok := m.live[id]
-	return ok && !ls.ending
+	return ok && !ls.ending && !ls.paused
+}
+
+// Paused reports whether id is a paused sandbox of this server.
+func (m *Manager) Paused(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ls, ok := m.live[id]
+	return ok && !ls.ending && ls.paused
+}
+
+// Pause freezes every process of a running sandbox with the cgroup
+// freezer: memory is kept, no CPU is used, and its lifetime clock stops
+// until Resume. Pausing a paused sandbox is ErrConflict.
+func (m *Manager) Pause(ctx context.Context, id string) (*store.Sandbox, error) {
+	m.mu.Lock()
+	ls, ok := m.live[id]
+	if !ok || ls.ending {
+		m.mu.Unlock()
+		return nil, ErrNotFound
+	}
+	if ls.paused {
+		m.mu.Unlock()
+		return nil, ErrConflict
+	}
+	ls.paused = true
+	ls.remaining = max(time.Until(ls.rec.ExpiresAt), time.Second)
+	if ls.timer != nil {
+		ls.timer.Stop()
+	}
+	m.mu.Unlock()
+	m.dropClient(id)
+	if err := m.driver.Pause(ctx, id); err != nil {
+		m.mu.Lock()
+		ls.paused = false
+		ls.timer.Reset(ls.remaining)
+		m.mu.Unlock()
+		return nil, err
+	}
+	if err := m.store.SetState(ctx, id, store.StatePaused, time.Now().Add(ls.remaining)); err != nil {
+		return nil, err
+	}
+	m.log.Info("sandbox paused", "id", id)
+	return m.store.GetSandbox(ctx, id)
+}
+
+// Resume thaws a paused sandbox and restarts its lifetime clock with ttl
+// (or what was left when it was paused, if ttl is 0). Resuming a running
+// sandbox is ErrConflict.
+func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*store.Sandbox, error) {
+	if ttl < 0 || ttl > MaxTTL {
+		return nil, invalid("timeout must be between 1 and %d seconds", int64(MaxTTL/time.Second))
+	}
+	m.mu.Lock()
+	ls, ok := m.live[id]
+	if !ok || ls.ending {
+		m.mu.Unlock()
+		return nil, ErrNotFound
+	}
+	if !ls.paused {
+		m.mu.Unlock()
+		return nil, ErrConflict
+	}
+	m.mu.Unlock()
+	if err := m.driver.Resume(ctx, id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	if ttl == 0 {
+		ttl = ls.remaining
+	}
+	at := time.Now().Add(ttl).UTC()
+	ls.paused = false
+	ls.rec.ExpiresAt = at
+	if ls.timer == nil {
+		ls.timer = time.AfterFunc(ttl, func() { m.expire(id) })
+	} else {
+		ls.timer.Reset(ttl)
+	}
+	m.mu.Unlock()
+	if err := m.store.SetState(ctx, id, store.StateRunning, at); err != nil {
+		return nil, err
+	}
+	m.log.Info("sandbox resumed", "id", id)
+	return m.store.GetSandbox(ctx, id)
 }
 
 // Stats reads a running sandbox's cgroup counters.
@@ -494,7 +590,7 @@ func (m *Manager) Stats(id string) (runtime.Stats, error) {
 // the rest are ended as orphaned; sandboxes the host holds without a
 // running record are torn down.
 func (m *Manager) Reconcile(ctx context.Context) error {
-	recs, err := m.store.ListSandboxes(ctx, store.StateRunning)
+	recs, err := m.store.ListSandboxes(ctx, store.StateRunning, store.StatePaused)
 	if err != nil {
 		return err
 	}
@@ -505,6 +601,10 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	known := map[string]bool{}
 	for _, rec := range recs {
 		known[rec.ID] = true
+		if rec.State == store.StatePaused && m.driver.Alive(rec.ID) {
+			m.adoptPaused(rec)
+			continue
+		}
 		if m.driver.Alive(rec.ID) && time.Now().Before(rec.ExpiresAt) {
 			if c, err := m.driver.Dial(ctx, rec.ID); err == nil {
 				c.Close()
@@ -543,6 +643,13 @@ func (m *Manager) adopt(rec *store.Sandbox) {
 	id := rec.ID
 	m.live[id] = &liveSandbox{rec: rec, timer: time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(id) })}
 	m.log.Info("adopted running sandbox", "id", id)
+}
+
+func (m *Manager) adoptPaused(rec *store.Sandbox) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.live[rec.ID] = &liveSandbox{rec: rec, paused: true, remaining: max(time.Until(rec.ExpiresAt), time.Minute)}
+	m.log.Info("adopted paused sandbox", "id", rec.ID)
 }
 
 // watch notices sandboxes whose init died (for example OOM-killed) and

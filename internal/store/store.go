@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -95,6 +96,7 @@ type Resources struct {
 // Sandbox states.
 const (
 	StateRunning = "running"
+	StatePaused  = "paused"
 	StateEnded   = "ended"
 )
 
@@ -155,9 +157,22 @@ func (s *Store) EndSandbox(ctx context.Context, id, reason, errText string, at t
 
 // SetExpiry changes a running sandbox's expiry time.
 func (s *Store) SetExpiry(ctx context.Context, id string, at time.Time) error {
-	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET expires_at=? WHERE id=? AND state=?`, ms(at), id, StateRunning)
+	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET expires_at=? WHERE id=? AND state<>?`, ms(at), id, StateEnded)
 	if err != nil {
 		return fmt.Errorf("set expiry of %s: %w", id, err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// SetState changes a live sandbox's state (running or paused) and expiry.
+func (s *Store) SetState(ctx context.Context, id, state string, expires time.Time) error {
+	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state=?, expires_at=? WHERE id=? AND state<>?`,
+		state, ms(expires), id, StateEnded)
+	if err != nil {
+		return fmt.Errorf("set state of %s: %w", id, err)
 	}
 	if n, _ := r.RowsAffected(); n == 0 {
 		return ErrNotFound
@@ -201,13 +216,16 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	return sb, nil
 }
 
-// ListSandboxes returns sandboxes in state (all states if empty), newest first.
-func (s *Store) ListSandboxes(ctx context.Context, state string) ([]*Sandbox, error) {
+// ListSandboxes returns sandboxes in the given states (all if none),
+// newest first.
+func (s *Store) ListSandboxes(ctx context.Context, states ...string) ([]*Sandbox, error) {
 	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
 	var args []any
-	if state != "" {
-		q += ` WHERE state=?`
-		args = append(args, state)
+	if len(states) > 0 && states[0] != "" {
+		q += ` WHERE state IN (?` + strings.Repeat(",?", len(states)-1) + `)`
+		for _, st := range states {
+			args = append(args, st)
+		}
 	}
 	q += ` ORDER BY created_at DESC, id`
 	rows, err := s.db.QueryContext(ctx, q, args...)

@@ -8,7 +8,7 @@ import { newSandbox, unsupported, waitUntil, unique } from './helpers.mjs'
 
 const T = { timeout: 60_000 }
 
-test('pause and resume keep files and processes', unsupported('pause/resume', T), async (t) => {
+test('pause and resume keep files and processes', T, async (t) => {
   const sbx = await newSandbox(t)
   await sbx.files.write('/home/user/keep.txt', 'kept')
   assert.equal(await sbx.pause(), true)

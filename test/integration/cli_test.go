@@ -111,3 +111,26 @@ func TestCLISandbox(t *testing.T) {
 		t.Fatal("exec into a killed sandbox succeeded")
 	}
 }
+
+// TestCLIPauseResume: corral sandbox pause / resume.
+func TestCLIPauseResume(t *testing.T) {
+	need(t)
+	id := create(t, nil)
+	if _, e, code := corralCLI(t, "", "sandbox", "pause", id); code != 0 {
+		t.Fatalf("pause: %d %s", code, e)
+	}
+	var sb sandboxJSON
+	call(t, "GET", "/v1/sandboxes/"+id, nil, &sb)
+	if sb.State != "paused" {
+		t.Fatalf("state after pause: %q", sb.State)
+	}
+	if _, _, code := corralCLI(t, "", "sandbox", "pause", id); code == 0 {
+		t.Fatal("second pause succeeded")
+	}
+	if _, e, code := corralCLI(t, "", "sandbox", "resume", "--ttl", "2m", id); code != 0 {
+		t.Fatalf("resume: %d %s", code, e)
+	}
+	if out, _, code := corralCLI(t, "", "sandbox", "exec", id, "--", "echo", "back"); code != 0 || out != "back\n" {
+		t.Fatalf("exec after resume: %d %q", code, out)
+	}
+}

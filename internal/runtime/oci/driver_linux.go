@@ -348,7 +348,25 @@ func (d *Driver) Alive(id string) bool {
 		}
 	}
 	st, err := d.binary(d.runtimeOf(id)).State(context.Background(), id)
-	return err == nil && (st.Status == "running" || st.Status == "created")
+	return err == nil && (st.Status == "running" || st.Status == "created" || st.Status == "paused")
+}
+
+// Pause freezes the sandbox with the cgroup freezer (runc/runsc pause).
+func (d *Driver) Pause(ctx context.Context, id string) error {
+	rc := d.binary(d.runtimeOf(id))
+	if err := rc.Pause(ctx, id); err != nil {
+		return fmt.Errorf("%s pause %s: %w", rc.Command, id, err)
+	}
+	return nil
+}
+
+// Resume thaws a paused sandbox.
+func (d *Driver) Resume(ctx context.Context, id string) error {
+	rc := d.binary(d.runtimeOf(id))
+	if err := rc.Resume(ctx, id); err != nil {
+		return fmt.Errorf("%s resume %s: %w", rc.Command, id, err)
+	}
+	return nil
 }
 
 // Stats reads the sandbox's cgroup.
@@ -389,7 +407,11 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 	d.mu.Lock()
 	exited := d.exited[id]
 	d.mu.Unlock()
-	if _, err := rc.State(ctx, id); err == nil {
+	if st, err := rc.State(ctx, id); err == nil {
+		if st.Status == "paused" {
+			// Frozen processes cannot act on SIGTERM; thaw them first.
+			_ = rc.Resume(ctx, id)
+		}
 		if grace > 0 {
 			_ = rc.Kill(ctx, id, int(syscall.SIGTERM), &runc.KillOpts{All: true})
 			d.waitEmpty(id, exited, grace)
