@@ -195,9 +195,13 @@ func TestRestartReconcile(t *testing.T) {
 		return call(t, method, path, body, out)
 	}
 	s1, h1 := open()
-	var keep, lost sandboxJSON
+	var keep, lost, paused sandboxJSON
 	req(h1, s1.AdminKey, "POST", "/v1/sandboxes", map[string]any{}, &keep)
 	req(h1, s1.AdminKey, "POST", "/v1/sandboxes", map[string]any{}, &lost)
+	req(h1, s1.AdminKey, "POST", "/v1/sandboxes", map[string]any{}, &paused)
+	if code := req(h1, s1.AdminKey, "POST", "/v1/sandboxes/"+paused.ID+"/pause", nil, nil); code != 200 {
+		t.Fatalf("pause before restart: %d", code)
+	}
 	req(h1, s1.AdminKey, "POST", "/v1/sandboxes/"+keep.ID+"/exec", map[string]any{"command": "echo kept > /tmp/state"}, nil)
 	h1.Close()
 	if err := s1.Close(ctx); err != nil { // sandboxes keep running
@@ -232,6 +236,18 @@ func TestRestartReconcile(t *testing.T) {
 	if code := req(h2, key, "DELETE", "/v1/sandboxes/"+keep.ID, nil, nil); code != 200 {
 		t.Fatalf("kill adopted: %d", code)
 	}
+	// A sandbox paused before the restart is adopted paused and resumes.
+	req(h2, key, "GET", "/v1/sandboxes/"+paused.ID, nil, &got)
+	if got.State != "paused" {
+		t.Fatalf("paused sandbox after restart: %+v", got)
+	}
+	if code := req(h2, key, "POST", "/v1/sandboxes/"+paused.ID+"/resume", nil, &got); code != 200 || got.State != "running" {
+		t.Fatalf("resume after restart: %d %+v", code, got)
+	}
+	if code := req(h2, key, "POST", "/v1/sandboxes/"+paused.ID+"/exec", map[string]any{"command": "echo ok"}, &res); code != 200 || res.Stdout != "ok\n" {
+		t.Fatalf("exec after resume: %d %+v", code, res)
+	}
+	req(h2, key, "DELETE", "/v1/sandboxes/"+paused.ID, nil, nil)
 	if cgroups.Open("/corral/" + keep.ID).Exists() {
 		t.Fatal("cgroup of the adopted sandbox left after kill")
 	}
