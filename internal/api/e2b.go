@@ -327,12 +327,29 @@ func (s *Server) e2bMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now().UTC()
 	cpus := max(sb.Resources.CPU, 0.01)
-	used := st.CPUSeconds / math.Max(now.Sub(sb.CreatedAt).Seconds(), 1e-3) / cpus * 100
+	// CPU use since the previous sample of this sandbox (or since start).
+	prevT, prevCPU := sb.CreatedAt, 0.0
+	s.cpuMu.Lock()
+	if p, ok := s.cpuPrev[sb.ID]; ok && now.Sub(p.at) > 100*time.Millisecond {
+		prevT, prevCPU = p.at, p.cpu
+	}
+	if len(s.cpuPrev) > 4096 {
+		clear(s.cpuPrev)
+	}
+	s.cpuPrev[sb.ID] = cpuSample{at: now, cpu: st.CPUSeconds}
+	s.cpuMu.Unlock()
+	used := (st.CPUSeconds - prevCPU) / math.Max(now.Sub(prevT).Seconds(), 1e-3) / cpus * 100
 	writeJSON(w, http.StatusOK, []map[string]any{{
 		"timestamp": ts(now), "timestampUnix": now.Unix(), "cpuCount": max(1, int(math.Ceil(sb.Resources.CPU))),
 		"cpuUsedPct": math.Min(used, 100), "memUsed": st.MemoryBytes, "memTotal": sb.Resources.MemoryMB << 20,
 		"memCache": 0, "diskUsed": st.DiskBytes, "diskTotal": sb.Resources.DiskMB << 20,
 	}})
+}
+
+// cpuSample is the last CPU reading of a sandbox's metrics.
+type cpuSample struct {
+	at  time.Time
+	cpu float64
 }
 
 // e2bList serves GET /v2/sandboxes (and v1 GET /sandboxes): running

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
@@ -30,6 +31,10 @@ type Server struct {
 	mux   *http.ServeMux
 	agent http.Handler
 	ports http.Handler
+
+	cpuMu sync.Mutex
+	// cpuPrev holds the previous metrics sample per sandbox; guarded by cpuMu.
+	cpuPrev map[string]cpuSample
 }
 
 // New returns a Server.
@@ -37,7 +42,7 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 	if cfg.MaxOutput <= 0 {
 		cfg.MaxOutput = 1 << 20
 	}
-	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}}
 	s.agent = newAgentProxy(mgr, log)
 	s.ports = newPortProxy(mgr, log)
 	s.routes()

@@ -1,0 +1,337 @@
+package egress
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Limits used by [ExfilSuspect].
+const (
+	// MaxQueryNameLen is the longest query name accepted (DNS allows 253).
+	MaxQueryNameLen = 200
+	// MaxQueryLabelLen is the longest label accepted (DNS allows 63).
+	MaxQueryLabelLen = 40
+	// MaxQueryLabels is the largest number of labels accepted.
+	MaxQueryLabels = 8
+	// entropyMinLen is the shortest label whose entropy or encoding is
+	// judged; shorter labels carry too little to matter and their entropy
+	// estimate is meaningless.
+	entropyMinLen = 16
+	// entropyLimit is the Shannon entropy, in bits per character, at or
+	// above which a long label is taken for encoded data.
+	entropyLimit = 3.5
+	// encodedMinLen is the shortest label tested for hex/base32/base64 shape.
+	encodedMinLen = 24
+)
+
+// ExfilSuspect reports whether a DNS query name looks like data smuggled out
+// through DNS (ATTACKS.md #8), and why. The DNS filter refuses such names
+// even if the policy would allow them (a "*.example.com" pattern otherwise
+// lets arbitrary subdomain labels through). It flags:
+//
+//   - names longer than 200 characters, labels longer than 40 characters
+//     and names of more than 8 labels (tunnels such as iodine and dnscat2
+//     fill names to the protocol limits);
+//   - labels of 24 or more characters that look hex-, base32- or
+//     base64-encoded: all [0-9a-f]; all letters and digits with at least two
+//     digits among them; or mixed-case letters with digits;
+//   - labels of 16 to 23 characters with such a shape (hex with three or
+//     more digits; scattered digits and few vowels; mixed case), and labels
+//     of 16 or more characters whose Shannon entropy (ignoring '-' and case,
+//     as DNS compares names) is at least 3.5 bits per character and that do
+//     not read like words (see suspectLabel).
+//
+// These heuristics are a second line: the DNS filter resolves only allowed
+// names, so smuggled labels reach an outside server only under a wildcard
+// pattern whose zone the attacker controls. Per-sandbox rate limiting
+// ([RateLimiter]) bounds what short labels can still carry.
+//
+// Ordinary names pass: files.pythonhosted.org, objects.githubusercontent.com,
+// s3.us-east-1.amazonaws.com, d3e4f5g6h7.cloudfront.net. Some rare legitimate
+// names with long random labels (e.g. 32-character Lambda function URL ids)
+// are refused; allow those through an address rule instead.
+func ExfilSuspect(name string) (bool, string) {
+	n := strings.TrimSuffix(strings.TrimSpace(name), ".")
+	if len(n) > MaxQueryNameLen {
+		return true, fmt.Sprintf("name is %d characters long (limit %d)", len(n), MaxQueryNameLen)
+	}
+	labels := strings.Split(n, ".")
+	if len(labels) > MaxQueryLabels {
+		return true, fmt.Sprintf("name has %d labels (limit %d)", len(labels), MaxQueryLabels)
+	}
+	for _, l := range labels {
+		if len(l) > MaxQueryLabelLen {
+			return true, fmt.Sprintf("label %s is %d characters long (limit %d)", clip(l), len(l), MaxQueryLabelLen)
+		}
+		if bad, why := suspectLabel(l); bad {
+			return true, fmt.Sprintf("label %s %s", clip(l), why)
+		}
+	}
+	return false, ""
+}
+
+// labelStats are the character counts the heuristics use.
+type labelStats struct {
+	upper, lower, digits, hyphens int
+	hexChars                      int // [0-9a-fA-F]
+	vowels                        int // aeiou, either case
+	digitRuns                     int // maximal runs of digits
+	caseSwitches                  int // lower-case letter followed by upper-case
+}
+
+func statsOf(l string) labelStats {
+	var st labelStats
+	prevDigit, prevLower := false, false
+	for i := 0; i < len(l); i++ {
+		c := l[i]
+		isDigit := c >= '0' && c <= '9'
+		if isDigit && !prevDigit {
+			st.digitRuns++
+		}
+		isLower := c >= 'a' && c <= 'z'
+		isUpper := c >= 'A' && c <= 'Z'
+		if isUpper && prevLower {
+			st.caseSwitches++
+		}
+		prevDigit, prevLower = isDigit, isLower
+		switch {
+		case isDigit:
+			st.digits++
+		case isLower:
+			st.lower++
+		case isUpper:
+			st.upper++
+		case c == '-':
+			st.hyphens++
+		}
+		if isDigit || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' {
+			st.hexChars++
+		}
+		if strings.IndexByte("aeiouAEIOU", c) >= 0 {
+			st.vowels++
+		}
+	}
+	return st
+}
+
+// suspectLabel applies the encoding and entropy tests to one label.
+//
+// Entropy alone does not separate data from names at these lengths: real
+// compound labels such as "us-central1-docker" (Artifact Registry),
+// "europe-west4-aiplatform" or "avatars-githubusercontent" score 3.6-3.8
+// bits/char, as much as a 16-character base32 chunk, while hex or base64 of
+// ASCII text scores lower. So labels of 16 or more characters are judged on
+// shape first (hex with digits; letters with scattered digits and few
+// vowels, as base32 has; mixed case, as base64 has; almost no vowels), and a
+// high-entropy label is flagged only if it also does not read like words.
+func suspectLabel(l string) (bool, string) {
+	if len(l) < entropyMinLen {
+		return false, ""
+	}
+	if len(l) >= encodedMinLen {
+		if enc := encodedShape(l); enc != "" {
+			return true, "looks " + enc + "-encoded"
+		}
+	}
+	st := statsOf(l)
+	letters := st.upper + st.lower
+	fewVowels := func(ratio float64) bool { return float64(st.vowels) < ratio*float64(letters) }
+	core := strings.ReplaceAll(l, "-", "")
+	h := entropy(strings.ToLower(core))
+	if st.hyphens == 0 {
+		switch {
+		case st.hexChars == len(l) && st.digits >= 3:
+			return true, "looks hex-encoded"
+		case st.upper >= 2 && st.lower >= 2 && st.caseSwitches >= 3,
+			st.upper >= 3 && st.digits >= 1:
+			return true, "looks base64-encoded (mixed case)"
+		case st.digitRuns >= 2 && letters > 0 && fewVowels(0.3):
+			return true, "looks base32-encoded (scattered digits, few vowels)"
+		case letters > 0 && fewVowels(0.2) && h >= 3.0:
+			return true, fmt.Sprintf("has almost no vowels (entropy %.2f bits/char)", h)
+		}
+	}
+	if h < entropyLimit {
+		return false, ""
+	}
+	y := strings.Count(strings.ToLower(core), "y")
+	switch {
+	case st.upper >= 2 && st.lower >= 2:
+		return true, fmt.Sprintf("has high entropy (%.2f bits/char) and mixed case", h)
+	case st.digitRuns >= 2:
+		return true, fmt.Sprintf("has high entropy (%.2f bits/char) and scattered digits", h)
+	case letters > 0 && float64(st.vowels+y) < 0.3*float64(letters):
+		return true, fmt.Sprintf("has high entropy (%.2f bits/char) and few vowels", h)
+	}
+	return false, ""
+}
+
+// clip quotes a label for a reason, shortened so reasons stay short (and
+// the smuggled data is not copied whole into logs).
+func clip(l string) string {
+	if len(l) > 12 {
+		l = l[:12] + "…"
+	}
+	return fmt.Sprintf("%q", l)
+}
+
+// entropy is the Shannon entropy of s in bits per byte.
+func entropy(s string) float64 {
+	if s == "" {
+		return 0
+	}
+	var counts [256]int
+	for i := 0; i < len(s); i++ {
+		counts[s[i]]++
+	}
+	n := float64(len(s))
+	h := 0.0
+	for _, c := range counts {
+		if c > 0 {
+			p := float64(c) / n
+			h -= p * math.Log2(p)
+		}
+	}
+	return h
+}
+
+// encodedShape returns "hex", "base32" or "base64" if the label has that
+// shape, or "".
+func encodedShape(l string) string {
+	var lower, upper, digits, hexOnly, other int
+	for i := 0; i < len(l); i++ {
+		c := l[i]
+		switch {
+		case c >= '0' && c <= '9':
+			digits++
+			hexOnly++
+		case c >= 'a' && c <= 'f':
+			lower++
+			hexOnly++
+		case c >= 'A' && c <= 'F':
+			upper++
+			hexOnly++
+		case c >= 'a' && c <= 'z':
+			lower++
+		case c >= 'A' && c <= 'Z':
+			upper++
+		default:
+			other++ // '-', '_' and anything else
+		}
+	}
+	switch {
+	case hexOnly == len(l):
+		return "hex"
+	case other == 0 && upper >= 2 && lower >= 2 && digits >= 1:
+		return "base64"
+	case other == 0 && digits >= 2 && lower+upper >= 2:
+		return "base32"
+	case other <= len(l)/8 && upper >= 3 && lower >= 3 && digits >= 1:
+		// URL-safe base64 uses '-' and '_'.
+		return "base64"
+	}
+	return ""
+}
+
+// RateLimiter is a token bucket per key (a sandbox id): each key may make
+// burst requests at once and perSecond on average. It is safe for
+// concurrent use. Memory is bounded: a key whose bucket has refilled is
+// indistinguishable from a new key and is evicted, and the number of keys
+// is capped at MaxKeys.
+type RateLimiter struct {
+	rate  float64
+	burst float64
+
+	mu      sync.Mutex
+	buckets map[string]*bucket
+	inserts int // new keys since the last sweep
+}
+
+// MaxKeys is the most keys a [RateLimiter] tracks; past it the least
+// recently seen key is forgotten.
+const MaxKeys = 1 << 16
+
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+// NewRateLimiter returns a limiter allowing perSecond requests per second
+// per key with bursts of up to burst. It panics if perSecond is not a
+// positive finite number or burst is less than 1.
+func NewRateLimiter(perSecond float64, burst int) *RateLimiter {
+	if !(perSecond > 0) || math.IsInf(perSecond, 0) {
+		panic(fmt.Sprintf("egress: NewRateLimiter: rate %v must be positive and finite", perSecond))
+	}
+	if burst < 1 {
+		panic(fmt.Sprintf("egress: NewRateLimiter: burst %d must be at least 1", burst))
+	}
+	return &RateLimiter{rate: perSecond, burst: float64(burst), buckets: map[string]*bucket{}}
+}
+
+// Allow reports whether key may make one request at time now, and if so
+// takes a token. A clock that goes backwards refills nothing.
+func (r *RateLimiter) Allow(key string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.buckets[key]
+	if b == nil {
+		r.inserts++
+		if r.inserts >= 64 && 2*r.inserts >= len(r.buckets) {
+			r.sweep(now)
+		}
+		if len(r.buckets) >= MaxKeys {
+			r.evictOldest()
+		}
+		b = &bucket{tokens: r.burst, last: now}
+		r.buckets[key] = b
+	} else {
+		r.refill(b, now)
+	}
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+func (r *RateLimiter) refill(b *bucket, now time.Time) {
+	if d := now.Sub(b.last); d > 0 {
+		b.tokens = math.Min(r.burst, b.tokens+d.Seconds()*r.rate)
+		b.last = now
+	}
+}
+
+// sweep drops every bucket that has refilled completely: forgetting it
+// changes nothing. Amortized over the inserts that trigger it.
+func (r *RateLimiter) sweep(now time.Time) {
+	for k, b := range r.buckets {
+		r.refill(b, now)
+		if b.tokens >= r.burst {
+			delete(r.buckets, k)
+		}
+	}
+	r.inserts = 0
+}
+
+func (r *RateLimiter) evictOldest() {
+	var oldest string
+	var t time.Time
+	first := true
+	for k, b := range r.buckets {
+		if first || b.last.Before(t) {
+			oldest, t, first = k, b.last, false
+		}
+	}
+	delete(r.buckets, oldest)
+}
+
+// Len returns the number of keys currently tracked.
+func (r *RateLimiter) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.buckets)
+}
