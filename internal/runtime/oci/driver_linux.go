@@ -296,7 +296,7 @@ func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{
 			return ctx.Err()
 		case <-time.After(delay):
 		}
-		if delay < 20*time.Millisecond {
+		if delay < 2*time.Millisecond {
 			delay *= 2
 		}
 	}
