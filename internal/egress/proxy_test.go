@@ -1,0 +1,525 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeResolver answers from a map; a name with several answer sets returns
+// them in turn (the last one repeating), which models DNS rebinding.
+type fakeResolver struct {
+	mu    sync.Mutex
+	names map[string][][]netip.Addr
+	calls map[string]int
+}
+
+func (f *fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sets, ok := f.names[host]
+	if !ok {
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	i := f.calls[host]
+	f.calls[host]++
+	if i >= len(sets) {
+		i = len(sets) - 1
+	}
+	return sets[i], nil
+}
+
+func (f *fakeResolver) count(host string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[host]
+}
+
+// seen is one request the upstream received.
+type seen struct {
+	method, host, path string
+	header             http.Header
+}
+
+// egressEnv is the shared test world: an upstream HTTP server inside a test
+// network namespace on 203.0.113.x:port, a listener on the host's
+// 127.0.0.1:port (same port number) that must never be reached, and a fake
+// resolver.
+type egressEnv struct {
+	ns       *testNetns
+	port     uint16
+	upstream netip.AddrPort
+	res      *fakeResolver
+
+	mu   sync.Mutex
+	reqs []seen
+
+	hostAccepts atomic.Int64
+	hostAddr    netip.AddrPort
+
+	violations sync.Map // addresses the proxy tried to dial other than upstream
+}
+
+func newEgressEnv(t *testing.T) *egressEnv {
+	ns := newTestNetns(t)
+	e := &egressEnv{ns: ns}
+
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hl.Close() })
+	e.hostAddr = netip.MustParseAddrPort(hl.Addr().String())
+	e.port = e.hostAddr.Port()
+	go func() {
+		for {
+			c, err := hl.Accept()
+			if err != nil {
+				return
+			}
+			e.hostAccepts.Add(1)
+			c.Close()
+		}
+	}()
+
+	e.upstream = netip.AddrPortFrom(ns.upstream, e.port)
+	ul := ns.listen(t, e.upstream.String())
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.mu.Lock()
+		e.reqs = append(e.reqs, seen{r.Method, r.Host, r.URL.Path, r.Header.Clone()})
+		e.mu.Unlock()
+		fmt.Fprintf(w, "hello from upstream %s", r.URL.Path)
+	})}
+	go srv.Serve(ul)
+	t.Cleanup(func() { srv.Close() })
+
+	up := ns.upstream
+	e.res = &fakeResolver{
+		names: map[string][][]netip.Addr{
+			"allowed.test":  {{up}},
+			"public.test":   {{up}},
+			"api.wild.test": {{up}},
+			"rebind.test":   {{up}, {netip.MustParseAddr("127.0.0.1")}},
+			"private.test":  {{netip.MustParseAddr("10.0.0.5")}},
+			"meta.test":     {{netip.MustParseAddr("169.254.169.254")}},
+			"loop.test":     {{netip.MustParseAddr("127.0.0.1")}},
+			"mixed.test":    {{netip.MustParseAddr("10.0.0.5"), up}},
+		},
+		calls: map[string]int{},
+	}
+	return e
+}
+
+func (e *egressEnv) seenPath(path string) []seen {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []seen
+	for _, s := range e.reqs {
+		if s.path == path {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// startProxy serves a proxy enforcing pol for sandbox "sb-1" on 127.0.0.1
+// and returns its address and a function returning the events so far.
+func (e *egressEnv) startProxy(t *testing.T, pol Policy) (*Proxy, string, func() []Event) {
+	t.Helper()
+	var mu sync.Mutex
+	var events []Event
+	p := NewProxy(ProxyConfig{
+		Policy:      func(*http.Request) (Policy, string, bool) { return pol, "sb-1", true },
+		Resolver:    e.res,
+		DialTimeout: 3 * time.Second,
+		OnEvent: func(ev Event) {
+			mu.Lock()
+			events = append(events, ev)
+			mu.Unlock()
+		},
+	})
+	// Test guard, after the policy check at dial time: nothing but the
+	// namespace upstream may ever be connected to (never an address off
+	// this machine, even if the policy check had a bug).
+	p.dialGuard = func(ap netip.AddrPort) error {
+		if ap.Addr() != e.upstream.Addr() {
+			e.violations.Store(ap.String(), true)
+			return errors.New("test guard: refusing to dial " + ap.String())
+		}
+		return nil
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := p.Server("")
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return p, l.Addr().String(), func() []Event {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]Event(nil), events...)
+	}
+}
+
+func (e *egressEnv) checkNoViolations(t *testing.T) {
+	t.Helper()
+	e.violations.Range(func(k, _ any) bool {
+		t.Errorf("proxy tried to dial %v", k)
+		return true
+	})
+	if n := e.hostAccepts.Load(); n != 0 {
+		t.Errorf("host loopback listener accepted %d connections", n)
+	}
+}
+
+// result is what a client saw.
+type result struct {
+	status  int
+	refused string // X-Corral-Egress-Refused
+	body    string
+}
+
+// viaHTTP sends an absolute-form GET through the proxy with proxy
+// credentials and a hop-by-hop header that must not reach the upstream.
+func viaHTTP(t *testing.T, proxyAddr, target string) result {
+	t.Helper()
+	pu := &url.URL{Scheme: "http", User: url.UserPassword("agent", "proxy-secret"), Host: proxyAddr}
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true}}
+	req, err := http.NewRequest("GET", target, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Hop", "1")
+	req.Header.Set("Connection", "X-Hop")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s via proxy: %v", target, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return result{resp.StatusCode, resp.Header.Get("X-Corral-Egress-Refused"), string(b)}
+}
+
+// viaConnect opens a CONNECT tunnel to hostport and, when established, sends
+// an HTTP GET for path through it.
+func viaConnect(t *testing.T, proxyAddr, hostport, path string) result {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", proxyAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic YWdlbnQ6cHJveHktc2VjcmV0\r\n\r\n", hostport, hostport)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"})
+	if err != nil {
+		t.Fatalf("CONNECT %s: %v", hostport, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return result{resp.StatusCode, resp.Header.Get("X-Corral-Egress-Refused"), string(b)}
+	}
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, hostport)
+	inner, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("GET over tunnel to %s: %v", hostport, err)
+	}
+	b, _ := io.ReadAll(inner.Body)
+	inner.Body.Close()
+	return result{inner.StatusCode, "", string(b)}
+}
+
+// waitEvents waits until n events were emitted.
+func waitEvents(t *testing.T, events func() []Event, n int) []Event {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		evs := events()
+		if len(evs) >= n || time.Now().After(deadline) {
+			return evs
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestProxyEgress checks the explicit-mode proxy end to end (ATTACKS.md #9,
+// #10): allowed names reach a real upstream over plain HTTP and CONNECT,
+// while unlisted names, names resolving to private, loopback or metadata
+// addresses, IP literals of the host, and every request under mode none are
+// refused fast with a reason, without any connection being made.
+func TestProxyEgress(t *testing.T) {
+	e := newEgressEnv(t)
+	port := strconv.Itoa(int(e.port))
+	up := e.upstream.Addr().String()
+
+	tests := []struct {
+		name    string
+		mode    string
+		allow   []string
+		connect bool   // CONNECT instead of plain HTTP
+		host    string // host[:port]; "" port means the test port
+		status  int
+		reason  string // substring of the refusal reason / event reason
+		reached bool   // the upstream must have seen the request
+	}{
+		{name: "allowed-http", mode: "allow", allow: []string{"allowed.test"}, host: "allowed.test", status: 200, reason: "allowed.test", reached: true},
+		{name: "allowed-connect", mode: "allow", allow: []string{"allowed.test"}, connect: true, host: "allowed.test", status: 200, reason: "allowed.test", reached: true},
+		{name: "wildcard-connect", mode: "allow", allow: []string{"*.wild.test"}, connect: true, host: "api.wild.test", status: 200, reason: "*.wild.test", reached: true},
+		{name: "unlisted-http", mode: "allow", allow: []string{"allowed.test"}, host: "public.test", status: 403, reason: "not in the allowlist"},
+		{name: "unlisted-connect", mode: "allow", allow: []string{"allowed.test"}, connect: true, host: "public.test", status: 403, reason: "not in the allowlist"},
+		{name: "private-http", mode: "allow", allow: []string{"private.test"}, host: "private.test", status: 403, reason: "private 10.0.0.0/8"},
+		{name: "private-connect", mode: "allow", allow: []string{"private.test"}, connect: true, host: "private.test", status: 403, reason: "private 10.0.0.0/8"},
+		{name: "loopback-name", mode: "allow", allow: []string{"loop.test"}, connect: true, host: "loop.test", status: 403, reason: "loopback"},
+		{name: "metadata-name", mode: "all-public", host: "meta.test", status: 403, reason: "cloud metadata 169.254.169.254"},
+		{name: "mixed-dials-only-public", mode: "allow", allow: []string{"mixed.test"}, host: "mixed.test", status: 200, reason: "mixed.test", reached: true},
+		{name: "ip-literal-loopback-connect", mode: "all-public", connect: true, host: "127.0.0.1:" + port, status: 403, reason: "loopback"},
+		{name: "ip-literal-loopback-http", mode: "allow", allow: []string{"allowed.test"}, host: "127.0.0.1:" + port, status: 403, reason: "loopback"},
+		{name: "ip-literal-unlisted", mode: "allow", allow: []string{"allowed.test"}, connect: true, host: up + ":" + port, status: 403, reason: "address not in the allowlist"},
+		{name: "ip-literal-rule", mode: "allow", allow: []string{"203.0.113.0/24:" + port}, connect: true, host: up + ":" + port, status: 200, reason: "rule 203.0.113.0/24:" + port, reached: true},
+		{name: "none-http", mode: "none", host: "allowed.test", status: 403, reason: "networking is off"},
+		{name: "none-connect", mode: "none", connect: true, host: "allowed.test", status: 403, reason: "networking is off"},
+		{name: "none-ip", mode: "none", connect: true, host: up + ":" + port, status: 403, reason: "networking is off"},
+		{name: "all-public-http", mode: "all-public", host: "allowed.test", status: 200, reason: "all-public", reached: true},
+		{name: "all-public-connect", mode: "all-public", connect: true, host: "public.test", status: 200, reason: "all-public", reached: true},
+		{name: "unresolvable", mode: "all-public", host: "nx.test", status: 502, reason: "cannot resolve"},
+		{name: "upstream-closed-port", mode: "all-public", connect: true, host: "allowed.test:" + strconv.Itoa(int(e.port)+1), status: 502, reason: "upstream"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pol, err := ParsePolicy(tc.mode, tc.allow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, proxyAddr, events := e.startProxy(t, pol)
+			hostport := tc.host
+			if !strings.Contains(hostport, ":") {
+				hostport += ":" + port
+			}
+			host, _, _ := net.SplitHostPort(hostport)
+			path := "/" + tc.name
+			start := time.Now()
+			var got result
+			if tc.connect {
+				got = viaConnect(t, proxyAddr, hostport, path)
+			} else {
+				got = viaHTTP(t, proxyAddr, "http://"+hostport+path)
+			}
+			elapsed := time.Since(start)
+
+			if got.status != tc.status {
+				t.Fatalf("status %d (refused %q, body %q), want %d", got.status, got.refused, got.body, tc.status)
+			}
+			if tc.status == 200 {
+				if want := "hello from upstream " + path; got.body != want {
+					t.Errorf("body %q, want %q", got.body, want)
+				}
+			} else {
+				if !strings.Contains(got.refused, tc.reason) {
+					t.Errorf("X-Corral-Egress-Refused %q, want it to contain %q", got.refused, tc.reason)
+				}
+				if want := "corral egress: refused " + host + ": "; !strings.HasPrefix(got.body, want) || !strings.HasSuffix(got.body, "\n") {
+					t.Errorf("body %q, want prefix %q", got.body, want)
+				}
+				if elapsed > 2*time.Second {
+					t.Errorf("refusal took %v, want it fast", elapsed)
+				}
+			}
+
+			seen := e.seenPath(path)
+			if tc.reached {
+				if len(seen) != 1 {
+					t.Fatalf("upstream saw %d requests for %s, want 1", len(seen), path)
+				}
+				for _, h := range []string{"Proxy-Authorization", "X-Hop", "X-Forwarded-For", "Proxy-Connection"} {
+					if v := seen[0].header.Get(h); v != "" {
+						t.Errorf("upstream saw %s: %q", h, v)
+					}
+				}
+			} else if len(seen) != 0 {
+				t.Errorf("upstream saw %d requests for %s, want none", len(seen), path)
+			}
+
+			evs := waitEvents(t, events, 1)
+			if len(evs) != 1 {
+				t.Fatalf("got %d events, want 1: %+v", len(evs), evs)
+			}
+			ev := evs[0]
+			wantVerdict := VerdictRefused
+			if tc.status == 200 {
+				wantVerdict = VerdictAllowed
+			}
+			if ev.Verdict != wantVerdict || !strings.Contains(ev.Reason, tc.reason) || ev.Sandbox != "sb-1" || ev.Host != host {
+				t.Errorf("event %+v: want verdict %s, reason containing %q, sandbox sb-1, host %s", ev, wantVerdict, tc.reason, host)
+			}
+			wantMethod := "GET"
+			if tc.connect {
+				wantMethod = "CONNECT"
+			}
+			if ev.Method != wantMethod || ev.Port == 0 {
+				t.Errorf("event %+v: want method %s and a port", ev, wantMethod)
+			}
+			if tc.reached {
+				if ev.BytesUp == 0 || ev.BytesDown == 0 || ev.Addr != e.upstream.String() {
+					t.Errorf("event %+v: want bytes both ways and addr %s", ev, e.upstream)
+				}
+			} else if tc.status == 403 && (ev.BytesUp != 0 || ev.BytesDown != 0) {
+				t.Errorf("refused event %+v has bytes", ev)
+			}
+		})
+	}
+	e.checkNoViolations(t)
+}
+
+// TestProxyDNSRebinding checks ATTACKS.md #10: a name that resolves to a
+// public address and then to 127.0.0.1. The proxy resolves once per attempt
+// and dials exactly the addresses it checked, so the first request reaches
+// the public upstream and the second, rebound, is refused before any dial;
+// the host's loopback listener on the same port is never reached.
+func TestProxyDNSRebinding(t *testing.T) {
+	e := newEgressEnv(t)
+	pol, err := ParsePolicy("allow", []string{"rebind.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, proxyAddr, events := e.startProxy(t, pol)
+	target := "http://rebind.test:" + strconv.Itoa(int(e.port)) + "/rebind"
+
+	if got := viaHTTP(t, proxyAddr, target); got.status != 200 {
+		t.Fatalf("first request: %+v, want 200 from the public upstream", got)
+	}
+	if n := e.res.count("rebind.test"); n != 1 {
+		t.Fatalf("resolver called %d times for one request; the dial must not re-resolve", n)
+	}
+	got := viaHTTP(t, proxyAddr, target)
+	if got.status != 403 || !strings.Contains(got.refused, "loopback") {
+		t.Fatalf("rebound request: %+v, want 403 loopback", got)
+	}
+	evs := waitEvents(t, events, 2)
+	if len(evs) != 2 || evs[0].Verdict != VerdictAllowed || evs[1].Verdict != VerdictRefused {
+		t.Fatalf("events %+v", evs)
+	}
+	if len(e.seenPath("/rebind")) != 1 {
+		t.Errorf("upstream saw %d requests, want 1", len(e.seenPath("/rebind")))
+	}
+	e.checkNoViolations(t)
+}
+
+// TestProxyDialTimeCheck checks the dial-time control hook on its own
+// (ATTACKS.md #10): even when a loopback or metadata address reaches the
+// dialer, as it would if a name were re-resolved between the check and the
+// dial, the connect is refused before a packet is sent, and the host's
+// loopback listener accepts nothing.
+func TestProxyDialTimeCheck(t *testing.T) {
+	e := newEgressEnv(t)
+	pol, err := ParsePolicy("all-public", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _, _ := e.startProxy(t, pol)
+	for _, a := range []netip.AddrPort{
+		e.hostAddr,
+		netip.MustParseAddrPort("[::ffff:127.0.0.1]:" + strconv.Itoa(int(e.port))),
+		netip.MustParseAddrPort("169.254.169.254:80"),
+	} {
+		plan := &dialPlan{pol: pol, named: true, addrs: []netip.AddrPort{a}}
+		c, err := p.dialPlan(context.Background(), plan)
+		if err == nil {
+			c.Close()
+			t.Fatalf("dial %s succeeded", a)
+		}
+		var dr *dialRefused
+		if !errors.As(err, &dr) {
+			t.Fatalf("dial %s: %v, want a dial-time policy refusal", a, err)
+		}
+		if rf := dialError(err); rf.status != http.StatusForbidden {
+			t.Errorf("dial %s maps to status %d, want 403", a, rf.status)
+		}
+	}
+	// The public upstream passes the same hook.
+	c, err := p.dialPlan(context.Background(), &dialPlan{pol: pol, named: true, addrs: []netip.AddrPort{e.upstream}})
+	if err != nil {
+		t.Fatalf("dial upstream: %v", err)
+	}
+	c.Close()
+	e.checkNoViolations(t)
+}
+
+// TestProxyUnknownClient checks that a request the policy source does not
+// recognise is refused, with an event.
+func TestProxyUnknownClient(t *testing.T) {
+	var got []Event
+	p := NewProxy(ProxyConfig{
+		Policy:  func(*http.Request) (Policy, string, bool) { return Policy{}, "", false },
+		OnEvent: func(ev Event) { got = append(got, ev) },
+	})
+	w := &recorder{h: http.Header{}}
+	r, _ := http.NewRequest("GET", "http://allowed.test/", nil)
+	p.ServeHTTP(w, r)
+	if w.status != 403 || w.h.Get("X-Corral-Egress-Refused") == "" {
+		t.Fatalf("status %d header %v", w.status, w.h)
+	}
+	if len(got) != 1 || got[0].Verdict != VerdictRefused {
+		t.Fatalf("events %+v", got)
+	}
+}
+
+type recorder struct {
+	h      http.Header
+	status int
+	body   strings.Builder
+}
+
+func (r *recorder) Header() http.Header         { return r.h }
+func (r *recorder) WriteHeader(s int)           { r.status = s }
+func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
+
+// TestProxyHeaderLimit checks that the server from Proxy.Server bounds
+// request headers: an oversized header is answered 431 without reaching the
+// proxy handler (no event).
+func TestProxyHeaderLimit(t *testing.T) {
+	var events atomic.Int64
+	p := NewProxy(ProxyConfig{
+		Policy:  func(*http.Request) (Policy, string, bool) { return Policy{}, "", false },
+		OnEvent: func(Event) { events.Add(1) },
+	})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := p.Server("")
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	go fmt.Fprintf(c, "GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nX-Big: %s\r\n\r\n", strings.Repeat("a", 2*MaxHeaderBytes))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("status %d, want 431", resp.StatusCode)
+	}
+	if events.Load() != 0 {
+		t.Fatalf("oversized request reached the handler")
+	}
+}
