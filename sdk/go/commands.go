@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/corralhq/corral/internal/output"
 	"io"
 	"net/url"
 	"strconv"
@@ -220,8 +221,8 @@ func (s *Sandbox) start(ctx context.Context, cmd string, opts RunOptions) (*Comm
 		ctx:    ctx,
 		cancel: cancel,
 		done:   make(chan struct{}),
-		stdout: tailBuffer{max: max},
-		stderr: tailBuffer{max: max},
+		stdout: output.Tail{Max: max},
+		stderr: output.Tail{Max: max},
 	}
 	go h.receive(stream, ci, opts.OnStdout, opts.OnStderr)
 	if opts.Stdin != nil {
@@ -238,8 +239,8 @@ type CommandHandle struct {
 	cancel context.CancelFunc
 
 	done   chan struct{}
-	stdout tailBuffer
-	stderr tailBuffer
+	stdout output.Tail
+	stderr output.Tail
 	end    *process.ProcessEvent_EndEvent
 	err    error
 	res    *CommandResult
@@ -320,9 +321,9 @@ func (h *CommandHandle) Wait() (*CommandResult, error) {
 
 func (h *CommandHandle) finish() {
 	res := &CommandResult{PID: h.pid}
-	res.Stdout, res.StdoutBytes = h.stdout.String(), h.stdout.total
-	res.Stderr, res.StderrBytes = h.stderr.String(), h.stderr.total
-	res.Truncated = h.stdout.truncated() || h.stderr.truncated()
+	res.Stdout, res.StdoutBytes = h.stdout.String(), h.stdout.Total
+	res.Stderr, res.StderrBytes = h.stderr.String(), h.stderr.Total
+	res.Truncated = h.stdout.Truncated() || h.stderr.Truncated()
 	h.res = res
 	if h.end != nil {
 		applyEnd(res, h.end)
@@ -498,36 +499,3 @@ func (s *Sandbox) CloseStdin(ctx context.Context, pid uint32) error {
 	}))
 	return fromConnect(err, ci)
 }
-
-// tailBuffer keeps the last max bytes written and counts all of them.
-type tailBuffer struct {
-	max   int
-	buf   []byte
-	total int64
-}
-
-func (t *tailBuffer) Write(p []byte) {
-	t.total += int64(len(p))
-	if t.max <= 0 {
-		return
-	}
-	if len(p) >= t.max {
-		t.buf = append(t.buf[:0], p[len(p)-t.max:]...)
-		return
-	}
-	t.buf = append(t.buf, p...)
-	if len(t.buf) > 2*t.max {
-		t.buf = append(t.buf[:0], t.buf[len(t.buf)-t.max:]...)
-	}
-}
-
-func (t *tailBuffer) bytes() []byte {
-	if len(t.buf) > t.max {
-		return t.buf[len(t.buf)-t.max:]
-	}
-	return t.buf
-}
-
-func (t *tailBuffer) String() string { return string(t.bytes()) }
-
-func (t *tailBuffer) truncated() bool { return t.total > int64(len(t.bytes())) }

@@ -186,26 +186,6 @@ func TestApplyEnd(t *testing.T) {
 	}
 }
 
-func TestTailBuffer(t *testing.T) {
-	tb := tailBuffer{max: 5}
-	for _, p := range []string{"ab", "cdef", "g", "hijklmnop", "q"} {
-		tb.Write([]byte(p))
-	}
-	if tb.String() != "mnopq" || tb.total != 17 || !tb.truncated() {
-		t.Fatalf("tail %q %d", tb.String(), tb.total)
-	}
-	small := tailBuffer{max: 100}
-	small.Write([]byte("hello"))
-	if small.String() != "hello" || small.truncated() {
-		t.Fatal("small")
-	}
-	none := tailBuffer{max: 0}
-	none.Write([]byte("x"))
-	if none.String() != "" || none.total != 1 {
-		t.Fatal("none")
-	}
-}
-
 // fakeProcess is a Process service that scripts the events of Start.
 type fakeProcess struct {
 	processconnect.UnimplementedProcessHandler
