@@ -105,6 +105,9 @@ type e2bDetail struct {
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`
+	// AllowInternetAccess is always false: corral sandboxes have no
+	// network until egress policies land (docs/e2b.md).
+	AllowInternetAccess bool `json:"allowInternetAccess"`
 }
 
 func e2bSandboxOf(sb *store.Sandbox) e2bSandbox {
@@ -174,6 +177,9 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 	ttl := int64(300)
 	if req.Timeout != nil {
 		ttl = *req.Timeout
+	}
+	if (req.AllowInternetAccess != nil && *req.AllowInternetAccess) || (len(req.Network) > 0 && string(req.Network) != "null") {
+		s.log.Warn("e2b create asked for network access; corral sandboxes have no network yet (issue 4), creating without")
 	}
 	cr := sandbox.CreateRequest{Template: req.TemplateID, Timeout: &ttl, Metadata: req.Metadata, Env: req.EnvVars}
 	sb, err := s.mgr.Create(r.Context(), cr)

@@ -51,6 +51,9 @@ func TestE2BLegacyRoutes(t *testing.T) {
 	if code, body := e2bCall(t, "POST", "/sandboxes/"+sb.SandboxID+"/connect", env.key, `{"timeout":300}`); code != 200 || !strings.Contains(string(body), sb.SandboxID) {
 		t.Fatalf("legacy connect: %d %s", code, body)
 	}
+	if code, body := e2bCall(t, "GET", "/sandboxes/"+sb.SandboxID, env.key, ""); code != 200 || !strings.Contains(string(body), `"allowInternetAccess":false`) {
+		t.Fatalf("getInfo must say there is no internet access: %d %s", code, body)
+	}
 	code, body = e2bCall(t, "GET", "/sandboxes", env.key, "")
 	if code != 200 || !strings.Contains(string(body), sb.SandboxID) || !strings.Contains(string(body), `"legacy":"yes"`) {
 		t.Fatalf("v1 list: %d %s", code, body)
