@@ -114,12 +114,9 @@ when it is not a terminal. Ctrl-C kills the sandbox.`,
 			if err != nil {
 				return usageError(cmd, "%v", err)
 			}
-			var timeout time.Duration
-			explicitTimeout := cmd.Flags().Changed("timeout")
-			if explicitTimeout {
-				if timeout, err = parseDurationArg(cf.timeout); err != nil {
-					return usageError(cmd, "--timeout: %v", err)
-				}
+			timeout, explicitTimeout, err := cf.commandTimeout(cmd)
+			if err != nil {
+				return err
 			}
 			c, err := g.client()
 			if err != nil {
@@ -185,12 +182,9 @@ Ctrl-C kills the command.`,
 			if err != nil {
 				return usageError(cmd, "--env: %v", err)
 			}
-			var timeout time.Duration
-			explicitTimeout := cmd.Flags().Changed("timeout")
-			if explicitTimeout {
-				if timeout, err = parseDurationArg(cf.timeout); err != nil {
-					return usageError(cmd, "--timeout: %v", err)
-				}
+			timeout, explicitTimeout, err := cf.commandTimeout(cmd)
+			if err != nil {
+				return err
 			}
 			c, err := g.client()
 			if err != nil {
@@ -215,4 +209,16 @@ Ctrl-C kills the command.`,
 	cf.register(cmd)
 	cmd.Flags().StringArrayVar(&cf.env, "env", nil, "environment variable K=V for the command (repeatable)")
 	return cmd
+}
+
+// commandTimeout parses --timeout; explicit is false when the flag was not
+// given (the sandbox's command_timeout applies then).
+func (cf *commandFlags) commandTimeout(cmd *cobra.Command) (d time.Duration, explicit bool, err error) {
+	if !cmd.Flags().Changed("timeout") {
+		return 0, false, nil
+	}
+	if d, err = parseDurationArg(cf.timeout); err != nil {
+		return 0, false, usageError(cmd, "--timeout: %v", err)
+	}
+	return d, true, nil
 }
