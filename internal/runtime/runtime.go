@@ -63,6 +63,13 @@ type Config struct {
 	// AccessToken, when set, is required by the agent on every request
 	// (header X-Access-Token).
 	AccessToken string
+	// NetNSPath, when set, is a network namespace prepared by the caller
+	// (with a veth pair to the host) that the sandbox runs in. When empty
+	// the sandbox gets a new namespace with loopback only.
+	NetNSPath string
+	// ResolvConf, when set, is a host file bind-mounted read-only over the
+	// sandbox's /etc/resolv.conf.
+	ResolvConf string
 }
 
 // Handle is a running sandbox as the driver sees it.

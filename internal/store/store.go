@@ -1,6 +1,7 @@
 // Package store keeps corral's records in SQLite (pure Go, WAL mode,
 // synchronous=FULL so a committed record survives a crash): sandboxes,
-// commands and API keys. Records outlive the sandboxes they describe.
+// commands, API keys, brokered secrets and the append-only event log.
+// Records outlive the sandboxes they describe.
 package store
 
 import (
@@ -41,7 +42,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	ended_at INTEGER,
 	end_reason TEXT NOT NULL DEFAULT '',
 	error TEXT NOT NULL DEFAULT '',
-	access_token TEXT NOT NULL DEFAULT ''
+	access_token TEXT NOT NULL DEFAULT '',
+	egress TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state, created_at);
 CREATE TABLE IF NOT EXISTS commands (
@@ -59,6 +61,27 @@ CREATE TABLE IF NOT EXISTS commands (
 	end_reason TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS commands_sandbox ON commands(sandbox_id, id);
+CREATE TABLE IF NOT EXISTS secrets (
+	name TEXT PRIMARY KEY,
+	hosts TEXT NOT NULL,
+	header TEXT NOT NULL,
+	value TEXT NOT NULL,
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+	id INTEGER PRIMARY KEY AUTOINCREMENT,
+	at INTEGER NOT NULL,
+	sandbox_id TEXT NOT NULL,
+	kind TEXT NOT NULL,
+	data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, id);
+CREATE INDEX IF NOT EXISTS events_kind ON events(kind, id);
+CREATE TRIGGER IF NOT EXISTS events_append_only_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_append_only_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
 CREATE TABLE IF NOT EXISTS api_keys (
 	hash TEXT PRIMARY KEY,
 	name TEXT NOT NULL,
@@ -78,7 +101,33 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
 	}
+	if err := addColumns(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store: %w", err)
+	}
 	return &Store{db: db}, nil
+}
+
+// addedColumns are columns added after a table was first released; a
+// database made by an older corral gets them on open.
+var addedColumns = []struct{ table, column, def string }{
+	{"sandboxes", "access_token", "TEXT NOT NULL DEFAULT ''"},
+	{"sandboxes", "egress", "TEXT NOT NULL DEFAULT '{}'"},
+}
+
+func addColumns(db *sql.DB) error {
+	for _, c := range addedColumns {
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info(?) WHERE name=?`, c.table, c.column).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			if _, err := db.Exec(`ALTER TABLE ` + c.table + ` ADD COLUMN ` + c.column + ` ` + c.def); err != nil {
+				return fmt.Errorf("add %s.%s: %w", c.table, c.column, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Close closes the database.
@@ -119,6 +168,16 @@ type Sandbox struct {
 	// AccessToken authenticates the control plane to the sandbox's agent.
 	// It is never returned by the API.
 	AccessToken string
+	// Egress is the rest of the network policy (Network holds its mode).
+	Egress Egress
+}
+
+// Egress is the recorded detail of a sandbox's network policy.
+type Egress struct {
+	// Allow lists domain patterns and CIDR:port rules.
+	Allow []string `json:"allow,omitempty"`
+	// Secrets names the brokered secrets the sandbox may use.
+	Secrets []string `json:"secrets,omitempty"`
 }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
@@ -127,11 +186,12 @@ func ms(t time.Time) int64 { return t.UnixMilli() }
 func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	res, _ := json.Marshal(sb.Resources)
 	meta, _ := json.Marshal(orEmpty(sb.Metadata))
+	eg, _ := json.Marshal(sb.Egress)
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
-		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
-		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken)
+		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg))
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
@@ -167,6 +227,20 @@ func (s *Store) SetExpiry(ctx context.Context, id string, at time.Time) error {
 	return nil
 }
 
+// SetNetwork records a running or paused sandbox's new network policy.
+func (s *Store) SetNetwork(ctx context.Context, id, mode string, eg Egress) error {
+	b, _ := json.Marshal(eg)
+	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET network=?, egress=? WHERE id=? AND state<>?`,
+		mode, string(b), id, StateEnded)
+	if err != nil {
+		return fmt.Errorf("set network of %s: %w", id, err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
 // SetState changes a live sandbox's state (running or paused) and expiry.
 func (s *Store) SetState(ctx context.Context, id, state string, expires time.Time) error {
 	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state=?, expires_at=? WHERE id=? AND state<>?`,
@@ -180,17 +254,18 @@ func (s *Store) SetState(ctx context.Context, id, state string, expires time.Tim
 	return nil
 }
 
-const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token`
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress`
 
 func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
-	var res, meta string
+	var res, meta, eg string
 	var ctMS, created, expires int64
 	var ended sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
-		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken); err != nil {
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg); err != nil {
 		return nil, err
 	}
+	_ = json.Unmarshal([]byte(eg), &sb.Egress)
 	_ = json.Unmarshal([]byte(res), &sb.Resources)
 	_ = json.Unmarshal([]byte(meta), &sb.Metadata)
 	sb.CommandTimeout = time.Duration(ctMS) * time.Millisecond

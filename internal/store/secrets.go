@@ -1,0 +1,185 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Secret is a credential the operator registered for the egress proxy to
+// inject. Its Value is only ever read by the proxy; the API reports the
+// other fields.
+type Secret struct {
+	Name      string
+	Hosts     []string
+	Header    string
+	Value     string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// PutSecret creates or replaces the secret called sec.Name.
+func (s *Store) PutSecret(ctx context.Context, sec *Secret) error {
+	hosts, _ := json.Marshal(sec.Hosts)
+	now := ms(time.Now())
+	_, err := s.db.ExecContext(ctx, `INSERT INTO secrets (name, hosts, header, value, created_at, updated_at)
+		VALUES (?,?,?,?,?,?)
+		ON CONFLICT(name) DO UPDATE SET hosts=excluded.hosts, header=excluded.header, value=excluded.value, updated_at=excluded.updated_at`,
+		sec.Name, string(hosts), sec.Header, sec.Value, now, now)
+	if err != nil {
+		return fmt.Errorf("put secret %s: %w", sec.Name, err)
+	}
+	return nil
+}
+
+// GetSecret returns the secret called name.
+func (s *Store) GetSecret(ctx context.Context, name string) (*Secret, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT name, hosts, header, value, created_at, updated_at FROM secrets WHERE name=?`, name)
+	sec, err := scanSecret(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get secret %s: %w", name, err)
+	}
+	return sec, nil
+}
+
+// ListSecrets returns every secret, by name.
+func (s *Store) ListSecrets(ctx context.Context) ([]*Secret, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, hosts, header, value, created_at, updated_at FROM secrets ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list secrets: %w", err)
+	}
+	defer rows.Close()
+	var out []*Secret
+	for rows.Next() {
+		sec, err := scanSecret(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list secrets: %w", err)
+		}
+		out = append(out, sec)
+	}
+	return out, rows.Err()
+}
+
+// DeleteSecret removes the secret called name.
+func (s *Store) DeleteSecret(ctx context.Context, name string) error {
+	r, err := s.db.ExecContext(ctx, `DELETE FROM secrets WHERE name=?`, name)
+	if err != nil {
+		return fmt.Errorf("delete secret %s: %w", name, err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+func scanSecret(sc interface{ Scan(...any) error }) (*Secret, error) {
+	var sec Secret
+	var hosts string
+	var created, updated int64
+	if err := sc.Scan(&sec.Name, &hosts, &sec.Header, &sec.Value, &created, &updated); err != nil {
+		return nil, err
+	}
+	_ = json.Unmarshal([]byte(hosts), &sec.Hosts)
+	sec.CreatedAt = time.UnixMilli(created).UTC()
+	sec.UpdatedAt = time.UnixMilli(updated).UTC()
+	return &sec, nil
+}
+
+// Event is one entry of the append-only event log (the audit log): what
+// happened to or in a sandbox. Data is a JSON object whose fields depend on
+// Kind; it is redacted before it is stored.
+type Event struct {
+	ID        int64           `json:"id"`
+	At        time.Time       `json:"at"`
+	SandboxID string          `json:"sandbox_id"`
+	Kind      string          `json:"kind"`
+	Data      json.RawMessage `json:"data"`
+}
+
+// AppendEvent stores ev (ID and, when zero, At are set) and returns its id.
+func (s *Store) AppendEvent(ctx context.Context, ev *Event) (int64, error) {
+	if ev.At.IsZero() {
+		ev.At = time.Now().UTC()
+	}
+	data := ev.Data
+	if len(data) == 0 {
+		data = json.RawMessage("{}")
+	}
+	r, err := s.db.ExecContext(ctx, `INSERT INTO events (at, sandbox_id, kind, data) VALUES (?,?,?,?)`,
+		ev.At.UnixMicro(), ev.SandboxID, ev.Kind, string(data))
+	if err != nil {
+		return 0, fmt.Errorf("append %s event: %w", ev.Kind, err)
+	}
+	ev.ID, _ = r.LastInsertId()
+	return ev.ID, nil
+}
+
+// EventFilter selects events; zero fields match everything.
+type EventFilter struct {
+	SandboxID string
+	Kind      string
+	// KindPrefix matches kinds that start with it ("egress." for example).
+	KindPrefix string
+	Since      time.Time
+	Until      time.Time
+	// AfterID returns only events with a larger id (for following).
+	AfterID int64
+	// Limit caps the result (default and maximum 10000).
+	Limit int
+}
+
+// ListEvents returns matching events in the order they were appended.
+func (s *Store) ListEvents(ctx context.Context, f EventFilter) ([]*Event, error) {
+	q := `SELECT id, at, sandbox_id, kind, data FROM events WHERE id > ?`
+	args := []any{f.AfterID}
+	if f.SandboxID != "" {
+		q += ` AND sandbox_id = ?`
+		args = append(args, f.SandboxID)
+	}
+	if f.Kind != "" {
+		q += ` AND kind = ?`
+		args = append(args, f.Kind)
+	}
+	if f.KindPrefix != "" {
+		q += ` AND substr(kind, 1, ?) = ?`
+		args = append(args, len(f.KindPrefix), f.KindPrefix)
+	}
+	if !f.Since.IsZero() {
+		q += ` AND at >= ?`
+		args = append(args, f.Since.UnixMicro())
+	}
+	if !f.Until.IsZero() {
+		q += ` AND at < ?`
+		args = append(args, f.Until.UnixMicro())
+	}
+	limit := f.Limit
+	if limit <= 0 || limit > 10000 {
+		limit = 10000
+	}
+	q += ` ORDER BY id LIMIT ?`
+	args = append(args, limit)
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	defer rows.Close()
+	var out []*Event
+	for rows.Next() {
+		var ev Event
+		var at int64
+		var data string
+		if err := rows.Scan(&ev.ID, &at, &ev.SandboxID, &ev.Kind, &data); err != nil {
+			return nil, fmt.Errorf("list events: %w", err)
+		}
+		ev.At = time.UnixMicro(at).UTC()
+		ev.Data = json.RawMessage(data)
+		out = append(out, &ev)
+	}
+	return out, rows.Err()
+}

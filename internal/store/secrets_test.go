@@ -1,0 +1,146 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestSecretsCRUD(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.PutSecret(ctx, &Secret{Name: "github", Hosts: []string{"api.github.com"}, Header: "Authorization", Value: "Bearer one"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutSecret(ctx, &Secret{Name: "github", Hosts: []string{"api.github.com", "*.github.com"}, Header: "Authorization", Value: "Bearer two"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetSecret(ctx, "github")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Value != "Bearer two" || len(got.Hosts) != 2 {
+		t.Fatalf("replace did not take: %+v", got)
+	}
+	list, err := s.ListSecrets(ctx)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("list: %v %v", list, err)
+	}
+	if err := s.DeleteSecret(ctx, "github"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetSecret(ctx, "github"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get after delete: %v", err)
+	}
+	if err := s.DeleteSecret(ctx, "github"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+}
+
+func TestEventsAppendOnlyAndFiltered(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "corral.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().UTC()
+	for i, e := range []Event{
+		{SandboxID: "a", Kind: "egress.http", Data: json.RawMessage(`{"host":"x"}`)},
+		{SandboxID: "b", Kind: "egress.dns"},
+		{SandboxID: "a", Kind: "sandbox.created"},
+	} {
+		e.At = t0.Add(time.Duration(i) * time.Second)
+		if _, err := s.AppendEvent(ctx, &e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name string
+		f    EventFilter
+		want []string
+	}{
+		{"all", EventFilter{}, []string{"egress.http", "egress.dns", "sandbox.created"}},
+		{"sandbox", EventFilter{SandboxID: "a"}, []string{"egress.http", "sandbox.created"}},
+		{"prefix", EventFilter{KindPrefix: "egress."}, []string{"egress.http", "egress.dns"}},
+		{"kind", EventFilter{Kind: "egress.dns"}, []string{"egress.dns"}},
+		{"since", EventFilter{Since: t0.Add(time.Second)}, []string{"egress.dns", "sandbox.created"}},
+		{"after id", EventFilter{AfterID: 2}, []string{"sandbox.created"}},
+		{"limit", EventFilter{Limit: 1}, []string{"egress.http"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			evs, err := s.ListEvents(ctx, tc.f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var kinds []string
+			for _, e := range evs {
+				kinds = append(kinds, e.Kind)
+			}
+			if len(kinds) != len(tc.want) {
+				t.Fatalf("got %v, want %v", kinds, tc.want)
+			}
+			for i := range kinds {
+				if kinds[i] != tc.want[i] {
+					t.Fatalf("got %v, want %v", kinds, tc.want)
+				}
+			}
+		})
+	}
+	// The log is append-only even for someone with the database handle.
+	if _, err := s.db.Exec(`UPDATE events SET kind='x'`); err == nil {
+		t.Fatal("update of events succeeded")
+	}
+	if _, err := s.db.Exec(`DELETE FROM events`); err == nil {
+		t.Fatal("delete of events succeeded")
+	}
+	s.Close()
+	s, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	evs, _ := s.ListEvents(ctx, EventFilter{})
+	if len(evs) != 3 || string(evs[0].Data) != `{"host":"x"}` {
+		t.Fatalf("after reopen: %d events, first %s", len(evs), evs[0].Data)
+	}
+}
+
+// TestMigrateOldSandboxesTable: a database made before the egress column
+// existed gets it on open and keeps its rows.
+func TestMigrateOldSandboxesTable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "corral.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE sandboxes (id TEXT PRIMARY KEY, template TEXT NOT NULL, runtime TEXT NOT NULL,
+		tier TEXT NOT NULL, resources TEXT NOT NULL, command_timeout_ms INTEGER NOT NULL, network TEXT NOT NULL,
+		metadata TEXT NOT NULL, state TEXT NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+		ended_at INTEGER, end_reason TEXT NOT NULL DEFAULT '', error TEXT NOT NULL DEFAULT '');
+		INSERT INTO sandboxes VALUES ('old','base','runc','light','{}',0,'none','{}','ended',1,2,3,'killed','');`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sb, err := s.GetSandbox(context.Background(), "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.EndReason != "killed" || len(sb.Egress.Allow) != 0 {
+		t.Fatalf("migrated row %+v", sb)
+	}
+}
