@@ -26,7 +26,7 @@ type clientGlobals struct {
 // addClientCommands registers the client commands (run, sandbox).
 func addClientCommands(root *cobra.Command) {
 	g := &clientGlobals{}
-	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g)} {
+	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g), newSecretCmd(g), newAuditCmd(g)} {
 		pf := c.PersistentFlags()
 		pf.StringVar(&g.server, "server", "", "corral server URL (env CORRAL_URL, default "+corral.DefaultURL+")")
 		pf.StringVar(&g.apiKey, "api-key", "", "API key (env CORRAL_API_KEY, else DATA/admin.key for a local server)")
@@ -128,6 +128,7 @@ type sandboxFlags struct {
 	ttl                     string
 	commandTimeout          string
 	network                 string
+	allow, secrets          []string
 	env, metadata           []string
 }
 
@@ -141,7 +142,9 @@ func (f *sandboxFlags) register(cmd *cobra.Command, forCreate bool) {
 	fl.StringVar(&f.disk, "disk", "", "writable disk limit, e.g. 100m, 2g; a plain number is MiB")
 	fl.Int64Var(&f.pids, "pids", 0, "maximum number of processes/threads")
 	fl.Int64Var(&f.nofile, "nofile", 0, "open files limit (RLIMIT_NOFILE)")
-	fl.StringVar(&f.network, "net", "", `network mode (only "none" for now)`)
+	fl.StringVar(&f.network, "net", "", `egress: none (default), allow (only --allow) or all-public`)
+	fl.StringArrayVar(&f.allow, "allow", nil, "allowed domain pattern (api.github.com, *.pypi.org) or CIDR:port rule; implies --net allow (repeatable)")
+	fl.StringArrayVar(&f.secrets, "secret", nil, "registered secret the sandbox may use through the egress proxy (repeatable; see corral secret set)")
 	fl.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every process (repeatable)")
 	fl.StringVar(&f.ttl, "ttl", "", "sandbox lifetime, e.g. 10m or 600 (default 300s)")
 	fl.StringArrayVar(&f.metadata, "metadata", nil, "metadata label K=V (repeatable)")
@@ -151,7 +154,12 @@ func (f *sandboxFlags) register(cmd *cobra.Command, forCreate bool) {
 }
 
 func (f *sandboxFlags) options() (corral.CreateOptions, error) {
-	o := corral.CreateOptions{Template: f.template, Runtime: f.runtime, Tier: f.tier, Network: f.network}
+	mode, err := netMode(f.network, f.allow)
+	if err != nil {
+		return corral.CreateOptions{}, err
+	}
+	o := corral.CreateOptions{Template: f.template, Runtime: f.runtime, Tier: f.tier, Network: mode,
+		Allow: f.allow, Secrets: f.secrets}
 	switch f.runtime {
 	case "", "runc", "gvisor":
 	default:
@@ -162,16 +170,10 @@ func (f *sandboxFlags) options() (corral.CreateOptions, error) {
 	default:
 		return o, fmt.Errorf("invalid --tier %q: use light, medium or heavy", f.tier)
 	}
-	switch f.network {
-	case "", "none":
-	default:
-		return o, fmt.Errorf("invalid --net %q: only none is supported", f.network)
-	}
 	if f.cpu < 0 || f.pids < 0 || f.nofile < 0 {
 		return o, errors.New("--cpu, --pids and --nofile must be positive")
 	}
 	o.Resources = corral.Resources{CPU: f.cpu, Pids: f.pids, Nofile: f.nofile}
-	var err error
 	if f.memory != "" {
 		if o.Resources.MemoryMB, err = parseSizeMiB(f.memory); err != nil {
 			return o, fmt.Errorf("--memory: %w", err)
@@ -202,4 +204,30 @@ func (f *sandboxFlags) options() (corral.CreateOptions, error) {
 		return o, fmt.Errorf("--metadata: %w", err)
 	}
 	return o, nil
+}
+
+// netMode checks --net and applies "--allow implies allow".
+func netMode(mode string, allow []string) (string, error) {
+	switch mode {
+	case "":
+		if len(allow) > 0 {
+			return "allow", nil
+		}
+		return "", nil
+	case "none", "all-public":
+		if len(allow) > 0 {
+			return "", fmt.Errorf("--allow needs --net allow (got --net %s)", mode)
+		}
+		return mode, nil
+	case "allow":
+		return mode, nil
+	}
+	return "", fmt.Errorf("invalid --net %q: use none, allow or all-public", mode)
+}
+
+// printWarnings shows the server's warnings about a new sandbox.
+func printWarnings(sb *corral.Sandbox) {
+	for _, w := range sb.Warnings {
+		fmt.Fprintln(os.Stderr, "corral: warning:", w)
+	}
 }

@@ -132,6 +132,7 @@ when it is not a terminal. Ctrl-C kills the sandbox.`,
 				}
 				return apiFailure(cmd, err)
 			}
+			printWarnings(sb)
 			defer func() {
 				kctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()

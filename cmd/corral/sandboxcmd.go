@@ -34,6 +34,7 @@ func newSandboxCmd(g *clientGlobals) *cobra.Command {
 		newSandboxTimeoutCmd(g),
 		newExecCmd(g),
 		newSandboxCpCmd(g),
+		newSandboxNetCmd(g),
 	)
 	return cmd
 }
@@ -62,6 +63,7 @@ func newSandboxCreateCmd(g *clientGlobals) *cobra.Command {
 			if err != nil {
 				return apiFailure(cmd, err)
 			}
+			printWarnings(sb)
 			if asJSON {
 				return printJSON(sb)
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -38,8 +39,38 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", 50, "maximum number of running sandboxes")
 	f.DurationVar(&cfg.KillGrace, "kill-grace", 3*time.Second, "time between SIGTERM and SIGKILL when a sandbox is killed (0..1m)")
 	f.BoolVar(&cfg.KillOnShutdown, "kill-on-shutdown", false, "kill all sandboxes when the server stops (default: keep them; the next start adopts them)")
+	f.Var(prefixFlag{&cfg.NetworkRange}, "sandbox-net", "IPv4 range for sandbox veth pairs, a /28 or larger (default 10.201.0.0/16)")
+	f.BoolVar(&cfg.NoNetwork, "no-network", false, "run without the network gateway: sandboxes can only have --net none")
+	f.StringVar(&cfg.EgressResolver, "egress-resolver", "", "DNS server HOST:PORT for names sandboxes may reach (default: the host's resolver)")
+	f.StringVar(&cfg.EgressUpstreamCA, "egress-upstream-ca", "", "PEM file of CAs to trust for upstream TLS when injecting secrets (default: the system's)")
+	f.IntVar(&cfg.EgressLimits.MaxConns, "egress-max-conns", 0, "concurrent egress connections per sandbox (default 64)")
+	f.Int64Var(&cfg.EgressLimits.MaxBytes, "egress-max-bytes", 0, "egress bytes up+down per sandbox over its life (default 1 GiB)")
+	f.IntVar(&cfg.EgressLimits.RequestsPerMinute, "egress-rpm", 0, "egress requests/connections per minute per sandbox (default 600)")
+	f.StringVar(&cfg.E2BInternet, "e2b-internet", "none", "network mode of E2B sandboxes created with internet access and no allowOut: none or all-public")
+	f.BoolVar(&cfg.RefuseEnvSecrets, "refuse-env-secrets", false, "refuse sandboxes whose env vars look like secrets (default: accept with a warning)")
 	return cmd
 }
+
+// prefixFlag is a netip.Prefix flag.
+type prefixFlag struct{ p *netip.Prefix }
+
+func (f prefixFlag) String() string {
+	if f.p == nil || !f.p.IsValid() {
+		return ""
+	}
+	return f.p.String()
+}
+
+func (f prefixFlag) Set(s string) error {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return err
+	}
+	*f.p = p
+	return nil
+}
+
+func (f prefixFlag) Type() string { return "cidr" }
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {

@@ -45,8 +45,9 @@ func (s *Server) e2bRoutes() {
 	s.mux.Handle("GET /sandboxes/{id}/metrics", s.e2bAuth(s.e2bMetrics))
 	s.mux.Handle("POST /sandboxes/{id}/pause", s.e2bAuth(s.e2bPause))
 	s.mux.Handle("POST /sandboxes/{id}/resume", s.e2bAuth(s.e2bConnect))
+	s.mux.Handle("PUT /sandboxes/{id}/network", s.e2bAuth(s.e2bUpdateNetwork))
 	for _, p := range []string{"POST /sandboxes/{id}/snapshots",
-		"POST /sandboxes/{id}/fork", "PUT /sandboxes/{id}/network", "GET /snapshots"} {
+		"POST /sandboxes/{id}/fork", "GET /snapshots"} {
 		s.mux.Handle(p, s.e2bAuth(func(w http.ResponseWriter, r *http.Request) {
 			e2bError(w, http.StatusNotImplemented, "corral does not support "+r.Method+" "+r.Pattern[strings.IndexByte(r.Pattern, ' ')+1:]+" yet (see docs/e2b.md)")
 		}))
@@ -105,9 +106,15 @@ type e2bDetail struct {
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`
-	// AllowInternetAccess is always false: corral sandboxes have no
-	// network until egress policies land (docs/e2b.md).
+	// AllowInternetAccess is true for network mode all-public.
 	AllowInternetAccess bool `json:"allowInternetAccess"`
+	// Network lists the allow entries of mode allow.
+	Network *e2bNetworkOut `json:"network,omitempty"`
+}
+
+type e2bNetworkOut struct {
+	AllowOut []string `json:"allowOut"`
+	DenyOut  []string `json:"denyOut"`
 }
 
 func e2bSandboxOf(sb *store.Sandbox) e2bSandbox {
@@ -119,7 +126,10 @@ func e2bDetailOf(sb *store.Sandbox, withToken bool) e2bDetail {
 	d := e2bDetail{SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "corral",
 		CPUCount: max(1, int(math.Ceil(sb.Resources.CPU))), MemoryMB: sb.Resources.MemoryMB, DiskSizeMB: sb.Resources.DiskMB,
 		StartedAt: ts(sb.CreatedAt), EndAt: ts(sb.ExpiresAt), EnvdVersion: EnvdVersion,
-		Metadata: sb.Metadata, State: sb.State}
+		Metadata: sb.Metadata, State: sb.State, AllowInternetAccess: sb.Network == "all-public"}
+	if sb.Network == "allow" {
+		d.Network = &e2bNetworkOut{AllowOut: sb.Egress.Allow, DenyOut: []string{"0.0.0.0/0"}}
+	}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}
@@ -178,10 +188,13 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 	if req.Timeout != nil {
 		ttl = *req.Timeout
 	}
-	if (req.AllowInternetAccess != nil && *req.AllowInternetAccess) || (len(req.Network) > 0 && string(req.Network) != "null") {
-		s.log.Warn("e2b create asked for network access; corral sandboxes have no network yet (issue 4), creating without")
+	mode, allow, err := e2bPolicy(req.AllowInternetAccess, req.Network, s.cfg.E2BInternet)
+	if err != nil {
+		e2bError(w, http.StatusBadRequest, err.Error())
+		return
 	}
-	cr := sandbox.CreateRequest{Template: req.TemplateID, Timeout: &ttl, Metadata: req.Metadata, Env: req.EnvVars}
+	cr := sandbox.CreateRequest{Template: req.TemplateID, Timeout: &ttl, Metadata: req.Metadata, Env: req.EnvVars,
+		Network: mode, Allow: allow}
 	sb, err := s.mgr.Create(r.Context(), cr)
 	if err != nil {
 		var inv *sandbox.InvalidError
@@ -195,6 +208,8 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		case errors.Is(err, sandbox.ErrCapacity):
 			w.Header().Set("Retry-After", "5")
 			e2bError(w, http.StatusTooManyRequests, err.Error())
+		case errors.Is(err, sandbox.ErrNetworkUnavailable):
+			e2bError(w, http.StatusServiceUnavailable, err.Error())
 		default:
 			s.log.Error("e2b create", "err", err)
 			e2bError(w, http.StatusInternalServerError, "internal error; see the server log")

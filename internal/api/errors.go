@@ -22,6 +22,10 @@ const (
 	CodeCapacityExceeded = "capacity_exceeded"
 	CodeInternal         = "internal"
 	CodeUnavailable      = "unavailable"
+	// CodeEnvSecret: env vars look like secrets and the server refuses them.
+	CodeEnvSecret = "env_secret_refused"
+	// CodeNetworkUnavailable: a network was asked for, the server has none.
+	CodeNetworkUnavailable = "network_unavailable"
 )
 
 // MaxJSONBody bounds JSON request bodies.
@@ -50,9 +54,17 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 // paths never reach a caller.
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var inv *sandbox.InvalidError
+	var conflict *sandbox.ConflictError
+	var envSecret *sandbox.EnvSecretError
 	switch {
 	case errors.As(err, &inv):
 		writeError(w, http.StatusBadRequest, CodeInvalidArgument, inv.Msg)
+	case errors.As(err, &envSecret):
+		writeError(w, http.StatusBadRequest, CodeEnvSecret, envSecret.Error())
+	case errors.As(err, &conflict):
+		writeError(w, http.StatusConflict, CodeConflict, conflict.Msg)
+	case errors.Is(err, sandbox.ErrNetworkUnavailable):
+		writeError(w, http.StatusServiceUnavailable, CodeNetworkUnavailable, err.Error()+"; see the server log")
 	case errors.Is(err, sandbox.ErrNotFound):
 		writeError(w, http.StatusNotFound, CodeNotFound, "sandbox not found")
 	case errors.Is(err, sandbox.ErrConflict):

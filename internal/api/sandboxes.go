@@ -19,11 +19,16 @@ type sandboxView struct {
 	Resources      store.Resources   `json:"resources"`
 	CommandTimeout int64             `json:"command_timeout"`
 	Network        string            `json:"network"`
+	Allow          []string          `json:"allow"`
+	Secrets        []string          `json:"secrets"`
 	Metadata       map[string]string `json:"metadata"`
 	CreatedAt      string            `json:"created_at"`
 	ExpiresAt      string            `json:"expires_at"`
 	EndedAt        *string           `json:"ended_at"`
 	EndReason      string            `json:"end_reason"`
+	// Warnings are set on create only (for example env vars that look
+	// like secrets).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 func ts(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
@@ -34,6 +39,13 @@ func view(sb *store.Sandbox) sandboxView {
 		Resources: sb.Resources, CommandTimeout: int64(sb.CommandTimeout / time.Second),
 		Network: sb.Network, Metadata: sb.Metadata, CreatedAt: ts(sb.CreatedAt),
 		ExpiresAt: ts(sb.ExpiresAt), EndReason: sb.EndReason,
+		Allow: sb.Egress.Allow, Secrets: sb.Egress.Secrets, Warnings: sb.Warnings,
+	}
+	if v.Allow == nil {
+		v.Allow = []string{}
+	}
+	if v.Secrets == nil {
+		v.Secrets = []string{}
 	}
 	if v.Metadata == nil {
 		v.Metadata = map[string]string{}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/corralhq/corral/internal/audit"
+	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 )
@@ -20,6 +22,15 @@ type Config struct {
 	// MaxOutput is how many bytes of stdout and of stderr an exec call
 	// returns (the tail is kept). Default 1 MiB.
 	MaxOutput int
+	// E2BInternet is the network mode ("none" or "all-public") of an E2B
+	// sandbox created with internet access (allow_internet_access true or
+	// absent, no allowOut). Default "none": corral is default-deny.
+	E2BInternet string
+	// Redactor learns the values of secrets registered through the API.
+	Redactor *egress.Redactor
+	// Audit is the audit log (read by GET /v1/audit, written on secret
+	// changes).
+	Audit *audit.Log
 }
 
 // Server serves the API.
@@ -62,6 +73,12 @@ func (s *Server) routes() {
 	s.mux.Handle("POST /v1/sandboxes/{id}/pause", s.auth(s.pauseSandbox))
 	s.mux.Handle("POST /v1/sandboxes/{id}/resume", s.auth(s.resumeSandbox))
 	s.mux.Handle("GET /v1/sandboxes/{id}/commands", s.auth(s.listCommands))
+	s.mux.Handle("GET /v1/sandboxes/{id}/network", s.auth(s.getNetwork))
+	s.mux.Handle("PUT /v1/sandboxes/{id}/network", s.auth(s.setNetwork))
+	s.mux.Handle("GET /v1/secrets", s.auth(s.listSecrets))
+	s.mux.Handle("PUT /v1/secrets/{name}", s.auth(s.putSecret))
+	s.mux.Handle("DELETE /v1/secrets/{name}", s.auth(s.deleteSecret))
+	s.mux.Handle("GET /v1/audit", s.auth(s.listAudit))
 	s.mux.Handle("/v1/sandboxes/{id}/agent/", s.auth(s.agentRoute))
 	s.e2bRoutes()
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -288,6 +288,7 @@ func (f *DNSFilter) answer(r *dns.Msg, remote net.Addr, ev *Event) (int, []netip
 }
 
 func (f *DNSFilter) emit(ev Event, rcode int) {
+	ev.Mode = EventDNS
 	f.log.Info("dns query",
 		"sandbox", ev.Sandbox, "name", ev.Host, "method", ev.Method,
 		"rcode", dns.RcodeToString[rcode], "addr", ev.Addr,

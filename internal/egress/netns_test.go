@@ -25,15 +25,6 @@ type testNetns struct {
 	upstream netip.Addr // inside the namespace, routed via the veth
 }
 
-func run(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
 // newTestNetns creates the namespace, the veth pair (host side
 // 198.51.100.(4k+1)/30, namespace side .(4k+2)/30), puts 203.0.113.x/32 on
 // the namespace's loopback, adds the host route 203.0.113.x/32 via the
@@ -48,9 +39,27 @@ func newTestNetns(t *testing.T) *testNetns {
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("needs ip(8) from iproute2")
 	}
+	// Addresses are picked at random; another test (or package) may hold
+	// the same ones, which makes a step fail with "File exists": undo and
+	// try other addresses.
+	var last error
+	for try := 0; try < 10; try++ {
+		n, undo, err := tryTestNetns()
+		if err == nil {
+			t.Cleanup(undo)
+			return n
+		}
+		undo()
+		last = err
+	}
+	t.Fatalf("create test network namespace: %v", last)
+	return nil
+}
+
+func tryTestNetns() (*testNetns, func(), error) {
 	var rb [4]byte
 	if _, err := rand.Read(rb[:]); err != nil {
-		t.Fatal(err)
+		return nil, func() {}, err
 	}
 	tag := hex.EncodeToString(rb[:3])
 	k := int(rb[3]) % 64 // which /30 of 198.51.100.0/24
@@ -64,26 +73,49 @@ func newTestNetns(t *testing.T) *testNetns {
 	nsIP := fmt.Sprintf("198.51.100.%d", 4*k+2)
 	up := n.upstream.String()
 
-	run(t, "ip", "netns", "add", n.name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n.name).Run() })
-	run(t, "ip", "link", "add", n.hostIf, "type", "veth", "peer", "name", nsIf)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", n.hostIf).Run() })
-	run(t, "ip", "link", "set", nsIf, "netns", n.name)
-	run(t, "ip", "addr", "add", hostIP+"/30", "dev", n.hostIf)
-	run(t, "ip", "link", "set", n.hostIf, "up")
-	run(t, "ip", "-n", n.name, "link", "set", "lo", "up")
-	run(t, "ip", "-n", n.name, "addr", "add", nsIP+"/30", "dev", nsIf)
-	run(t, "ip", "-n", n.name, "link", "set", nsIf, "up")
-	run(t, "ip", "-n", n.name, "addr", "add", up+"/32", "dev", "lo")
-	run(t, "ip", "route", "add", up+"/32", "via", nsIP, "dev", n.hostIf)
-	t.Cleanup(func() { _ = exec.Command("ip", "route", "del", up+"/32", "via", nsIP).Run() })
-
-	// The route must go via our veth before any test traffic flows.
-	got := run(t, "ip", "route", "get", up)
-	if !strings.Contains(got, "via "+nsIP+" dev "+n.hostIf) {
-		t.Fatalf("route to %s does not go via the test veth: %q", up, got)
+	var undos []func()
+	undo := func() {
+		for i := len(undos) - 1; i >= 0; i-- {
+			undos[i]()
+		}
 	}
-	return n
+	ip := func(args ...string) error {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	steps := []struct {
+		args []string
+		undo []string
+	}{
+		{[]string{"netns", "add", n.name}, []string{"netns", "del", n.name}},
+		{[]string{"link", "add", n.hostIf, "type", "veth", "peer", "name", nsIf}, []string{"link", "del", n.hostIf}},
+		{[]string{"link", "set", nsIf, "netns", n.name}, nil},
+		{[]string{"addr", "add", hostIP + "/30", "dev", n.hostIf}, nil},
+		{[]string{"link", "set", n.hostIf, "up"}, nil},
+		{[]string{"-n", n.name, "link", "set", "lo", "up"}, nil},
+		{[]string{"-n", n.name, "addr", "add", nsIP + "/30", "dev", nsIf}, nil},
+		{[]string{"-n", n.name, "link", "set", nsIf, "up"}, nil},
+		{[]string{"-n", n.name, "addr", "add", up + "/32", "dev", "lo"}, nil},
+		{[]string{"route", "add", up + "/32", "via", nsIP, "dev", n.hostIf}, []string{"route", "del", up + "/32", "via", nsIP}},
+	}
+	for _, st := range steps {
+		if err := ip(st.args...); err != nil {
+			return nil, undo, err
+		}
+		if st.undo != nil {
+			u := st.undo
+			undos = append(undos, func() { _ = exec.Command("ip", u...).Run() })
+		}
+	}
+	// The route must go via our veth before any test traffic flows.
+	out, err := exec.Command("ip", "route", "get", up).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "via "+nsIP+" dev "+n.hostIf) {
+		return nil, undo, fmt.Errorf("route to %s does not go via the test veth: %q", up, out)
+	}
+	return n, undo, nil
 }
 
 // listen opens a TCP listener on addr inside the namespace. The socket keeps

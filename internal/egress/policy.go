@@ -1,11 +1,15 @@
-// Package egress is the pure core of corral's network boundary: the
-// per-sandbox egress policy (which names and addresses a sandbox may reach),
-// the always-denied address set checked at dial time, heuristics against DNS
-// exfiltration, a per-sandbox query rate limiter, and redaction of secret
-// values from logs and stored events.
+// Package egress is corral's network boundary: the per-sandbox egress
+// policy (which names and addresses a sandbox may reach), the always-denied
+// address set checked at dial time, the egress proxy (explicit and
+// transparent modes, caps, secret injection with TLS interception), the DNS
+// filter, heuristics against DNS exfiltration, a per-sandbox query rate
+// limiter, a scan of env vars for secrets, and redaction of secret values
+// from logs and stored events.
 //
-// Nothing in this package opens a socket. The egress proxy and the DNS filter
-// (ATTACKS.md #8, #9, #10, #20) call into it:
+// The proxy and the DNS filter serve connections they are handed; the
+// listeners and the host plumbing that routes sandbox traffic to them live
+// in packages gateway and netns. They apply the policy
+// (ATTACKS.md #8, #9, #10, #20):
 //
 //   - the DNS filter answers a query only if [Policy.AllowsName] accepts the
 //     name, [ExfilSuspect] does not flag it and the sandbox's [RateLimiter]

@@ -3,9 +3,16 @@ package egress
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -49,19 +56,29 @@ func (f *fakeResolver) count(host string) int {
 
 // seen is one request the upstream received.
 type seen struct {
-	method, host, path string
-	header             http.Header
+	method, host, path, query string
+	header                    http.Header
+	body                      string
+	tls                       bool
 }
 
-// egressEnv is the shared test world: an upstream HTTP server inside a test
-// network namespace on 203.0.113.x:port, a listener on the host's
-// 127.0.0.1:port (same port number) that must never be reached, and a fake
-// resolver.
+// egressEnv is the shared test world: upstream servers inside a test
+// network namespace on 203.0.113.x (plain HTTP on port, HTTPS with its own
+// test certificate on tlsPort, a raw TCP server that greets and echoes on
+// rawPort), a listener on the host's 127.0.0.1 with each of those port
+// numbers that must never be reached, and a fake resolver.
 type egressEnv struct {
 	ns       *testNetns
 	port     uint16
 	upstream netip.AddrPort
 	res      *fakeResolver
+
+	tlsPort     uint16
+	tlsUpstream netip.AddrPort
+	// upstreamRoots trusts the HTTPS upstream's certificate.
+	upstreamRoots *x509.CertPool
+	rawPort       uint16
+	rawUpstream   netip.AddrPort
 
 	mu   sync.Mutex
 	reqs []seen
@@ -72,17 +89,24 @@ type egressEnv struct {
 	violations sync.Map // addresses the proxy tried to dial other than upstream
 }
 
-func newEgressEnv(t *testing.T) *egressEnv {
-	ns := newTestNetns(t)
-	e := &egressEnv{ns: ns}
+// rawGreeting is what the raw upstream sends on accept, before echoing.
+const rawGreeting = "hello raw\n"
 
+// bigSize is the size of the upstream's /big response.
+const bigSize = 1 << 20
+
+// upstreamNames are the names the HTTPS upstream's certificate covers.
+var upstreamNames = []string{"allowed.test", "public.test", "secret.test", "other.test", "api.wild.test", "mixed.test", "rebind.test"}
+
+// hostTrap listens on 127.0.0.1 on a free port, counting every connection
+// (the proxy must never reach the host's loopback), and returns the port.
+func (e *egressEnv) hostTrap(t *testing.T) netip.AddrPort {
+	t.Helper()
 	hl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { hl.Close() })
-	e.hostAddr = netip.MustParseAddrPort(hl.Addr().String())
-	e.port = e.hostAddr.Port()
 	go func() {
 		for {
 			c, err := hl.Accept()
@@ -93,23 +117,74 @@ func newEgressEnv(t *testing.T) *egressEnv {
 			c.Close()
 		}
 	}()
+	return netip.MustParseAddrPort(hl.Addr().String())
+}
+
+func newEgressEnv(t *testing.T) *egressEnv {
+	ns := newTestNetns(t)
+	e := &egressEnv{ns: ns}
+
+	e.hostAddr = e.hostTrap(t)
+	e.port = e.hostAddr.Port()
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		e.mu.Lock()
+		e.reqs = append(e.reqs, seen{r.Method, r.Host, r.URL.Path, r.URL.RawQuery, r.Header.Clone(), string(body), r.TLS != nil})
+		e.mu.Unlock()
+		if r.URL.Path == "/big" {
+			w.Header().Set("Content-Length", strconv.Itoa(bigSize))
+			chunk := make([]byte, 32<<10)
+			for i := 0; i < bigSize/len(chunk); i++ {
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+			}
+			return
+		}
+		fmt.Fprintf(w, "hello from upstream %s", r.URL.Path)
+	})
 
 	e.upstream = netip.AddrPortFrom(ns.upstream, e.port)
 	ul := ns.listen(t, e.upstream.String())
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.mu.Lock()
-		e.reqs = append(e.reqs, seen{r.Method, r.Host, r.URL.Path, r.Header.Clone()})
-		e.mu.Unlock()
-		fmt.Fprintf(w, "hello from upstream %s", r.URL.Path)
-	})}
+	srv := &http.Server{Handler: handler}
 	go srv.Serve(ul)
 	t.Cleanup(func() { srv.Close() })
+
+	// HTTPS upstream with its own test CA.
+	e.tlsPort = e.hostTrap(t).Port()
+	e.tlsUpstream = netip.AddrPortFrom(ns.upstream, e.tlsPort)
+	cert, roots := testServerCert(t, upstreamNames)
+	e.upstreamRoots = roots
+	tl := tls.NewListener(ns.listen(t, e.tlsUpstream.String()), &tls.Config{Certificates: []tls.Certificate{cert}})
+	tsrv := &http.Server{Handler: handler}
+	go tsrv.Serve(tl)
+	t.Cleanup(func() { tsrv.Close() })
+
+	// Raw TCP upstream: greets, then echoes.
+	e.rawPort = e.hostTrap(t).Port()
+	e.rawUpstream = netip.AddrPortFrom(ns.upstream, e.rawPort)
+	rl := ns.listen(t, e.rawUpstream.String())
+	go func() {
+		for {
+			c, err := rl.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.WriteString(c, rawGreeting)
+				io.Copy(c, c)
+			}()
+		}
+	}()
 
 	up := ns.upstream
 	e.res = &fakeResolver{
 		names: map[string][][]netip.Addr{
 			"allowed.test":  {{up}},
 			"public.test":   {{up}},
+			"secret.test":   {{up}},
+			"other.test":    {{up}},
 			"api.wild.test": {{up}},
 			"rebind.test":   {{up}, {netip.MustParseAddr("127.0.0.1")}},
 			"private.test":  {{netip.MustParseAddr("10.0.0.5")}},
@@ -120,6 +195,50 @@ func newEgressEnv(t *testing.T) *egressEnv {
 		calls: map[string]int{},
 	}
 	return e
+}
+
+// testServerCert returns a certificate for names signed by a fresh test CA,
+// and a pool trusting that CA.
+func testServerCert(t *testing.T, names []string) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "egress test upstream CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: names[0]},
+		DNSNames:     names,
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
 }
 
 func (e *egressEnv) seenPath(path string) []seen {
@@ -134,22 +253,39 @@ func (e *egressEnv) seenPath(path string) []seen {
 	return out
 }
 
-// startProxy serves a proxy enforcing pol for sandbox "sb-1" on 127.0.0.1
-// and returns its address and a function returning the events so far.
-func (e *egressEnv) startProxy(t *testing.T, pol Policy) (*Proxy, string, func() []Event) {
+// proxyEvents collects a proxy's events.
+type proxyEvents struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (l *proxyEvents) add(ev Event) {
+	l.mu.Lock()
+	l.events = append(l.events, ev)
+	l.mu.Unlock()
+}
+
+func (l *proxyEvents) all() []Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Event(nil), l.events...)
+}
+
+// newProxy returns a proxy for sandbox client cl (whatever the source
+// address), with the env's resolver and upstream roots, events collected,
+// and the test dial guard. Fields of cfg other than Client, Resolver,
+// OnEvent and UpstreamRoots are kept.
+func (e *egressEnv) newProxy(t *testing.T, cl Client, cfg ProxyConfig) (*Proxy, *proxyEvents) {
 	t.Helper()
-	var mu sync.Mutex
-	var events []Event
-	p := NewProxy(ProxyConfig{
-		Policy:      func(*http.Request) (Policy, string, bool) { return pol, "sb-1", true },
-		Resolver:    e.res,
-		DialTimeout: 3 * time.Second,
-		OnEvent: func(ev Event) {
-			mu.Lock()
-			events = append(events, ev)
-			mu.Unlock()
-		},
-	})
+	evs := &proxyEvents{}
+	cfg.Client = func(netip.Addr) (Client, bool) { return cl, true }
+	cfg.Resolver = e.res
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 3 * time.Second
+	}
+	cfg.UpstreamRoots = e.upstreamRoots
+	cfg.OnEvent = evs.add
+	p := NewProxy(cfg)
 	// Test guard, after the policy check at dial time: nothing but the
 	// namespace upstream may ever be connected to (never an address off
 	// this machine, even if the policy check had a bug).
@@ -160,6 +296,13 @@ func (e *egressEnv) startProxy(t *testing.T, pol Policy) (*Proxy, string, func()
 		}
 		return nil
 	}
+	return p, evs
+}
+
+// serveExplicit serves p's explicit mode on 127.0.0.1 and returns the
+// address.
+func serveExplicit(t *testing.T, p *Proxy) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -167,11 +310,15 @@ func (e *egressEnv) startProxy(t *testing.T, pol Policy) (*Proxy, string, func()
 	srv := p.Server("")
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
-	return p, l.Addr().String(), func() []Event {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]Event(nil), events...)
-	}
+	return l.Addr().String()
+}
+
+// startProxy serves a proxy enforcing pol for sandbox "sb-1" on 127.0.0.1
+// and returns its address and a function returning the events so far.
+func (e *egressEnv) startProxy(t *testing.T, pol Policy) (*Proxy, string, func() []Event) {
+	t.Helper()
+	p, evs := e.newProxy(t, Client{ID: "sb-1", Policy: pol}, ProxyConfig{})
+	return p, serveExplicit(t, p), evs.all
 }
 
 func (e *egressEnv) checkNoViolations(t *testing.T) {
@@ -297,7 +444,7 @@ func TestProxyEgress(t *testing.T) {
 		{name: "all-public-http", mode: "all-public", host: "allowed.test", status: 200, reason: "all-public", reached: true},
 		{name: "all-public-connect", mode: "all-public", connect: true, host: "public.test", status: 200, reason: "all-public", reached: true},
 		{name: "unresolvable", mode: "all-public", host: "nx.test", status: 502, reason: "cannot resolve"},
-		{name: "upstream-closed-port", mode: "all-public", connect: true, host: "allowed.test:" + strconv.Itoa(int(e.port)+1), status: 502, reason: "upstream"},
+		{name: "upstream-closed-port", mode: "all-public", connect: true, host: "allowed.test:" + strconv.Itoa(int(e.closedPort())), status: 502, reason: "upstream"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -312,14 +459,12 @@ func TestProxyEgress(t *testing.T) {
 			}
 			host, _, _ := net.SplitHostPort(hostport)
 			path := "/" + tc.name
-			start := time.Now()
 			var got result
 			if tc.connect {
 				got = viaConnect(t, proxyAddr, hostport, path)
 			} else {
 				got = viaHTTP(t, proxyAddr, "http://"+hostport+path)
 			}
-			elapsed := time.Since(start)
 
 			if got.status != tc.status {
 				t.Fatalf("status %d (refused %q, body %q), want %d", got.status, got.refused, got.body, tc.status)
@@ -334,9 +479,6 @@ func TestProxyEgress(t *testing.T) {
 				}
 				if want := "corral egress: refused " + host + ": "; !strings.HasPrefix(got.body, want) || !strings.HasSuffix(got.body, "\n") {
 					t.Errorf("body %q, want prefix %q", got.body, want)
-				}
-				if elapsed > 2*time.Second {
-					t.Errorf("refusal took %v, want it fast", elapsed)
 				}
 			}
 
@@ -464,11 +606,12 @@ func TestProxyDialTimeCheck(t *testing.T) {
 func TestProxyUnknownClient(t *testing.T) {
 	var got []Event
 	p := NewProxy(ProxyConfig{
-		Policy:  func(*http.Request) (Policy, string, bool) { return Policy{}, "", false },
+		Client:  func(netip.Addr) (Client, bool) { return Client{}, false },
 		OnEvent: func(ev Event) { got = append(got, ev) },
 	})
 	w := &recorder{h: http.Header{}}
 	r, _ := http.NewRequest("GET", "http://allowed.test/", nil)
+	r.RemoteAddr = "198.51.100.9:4000"
 	p.ServeHTTP(w, r)
 	if w.status != 403 || w.h.Get("X-Corral-Egress-Refused") == "" {
 		t.Fatalf("status %d header %v", w.status, w.h)
@@ -494,7 +637,7 @@ func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
 func TestProxyHeaderLimit(t *testing.T) {
 	var events atomic.Int64
 	p := NewProxy(ProxyConfig{
-		Policy:  func(*http.Request) (Policy, string, bool) { return Policy{}, "", false },
+		Client:  func(netip.Addr) (Client, bool) { return Client{}, false },
 		OnEvent: func(Event) { events.Add(1) },
 	})
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -87,9 +87,10 @@ type Manager struct {
 	prefix string // interface name prefix
 	table  string // nftables table name
 
-	mu    sync.Mutex
-	links map[string]*Link // by sandbox id
-	slots map[int]string   // slot -> sandbox id
+	mu       sync.Mutex
+	links    map[string]*Link // by sandbox id
+	reserved map[string]*Link // addresses held for a later AttachTo
+	slots    map[int]string   // slot -> sandbox id
 }
 
 // New checks cfg, installs the nftables table (replacing a stale one of the
@@ -112,11 +113,12 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("netns: %w", err)
 	}
 	m := &Manager{
-		cfg:    cfg,
-		prefix: "cr" + cfg.Instance,
-		table:  "corral_" + cfg.Instance,
-		links:  map[string]*Link{},
-		slots:  map[int]string{},
+		cfg:      cfg,
+		prefix:   "cr" + cfg.Instance,
+		table:    "corral_" + cfg.Instance,
+		links:    map[string]*Link{},
+		reserved: map[string]*Link{},
+		slots:    map[int]string{},
 	}
 	if err := m.installTable(); err != nil {
 		return nil, err
@@ -147,6 +149,31 @@ func (m *Manager) Lookup(id string) (*Link, bool) {
 	defer m.mu.Unlock()
 	l, ok := m.links[id]
 	return l, ok
+}
+
+// Reserve holds a /30 for sandbox id before its namespace exists; a later
+// AttachTo uses it. The returned link has no interface yet.
+func (m *Manager) Reserve(id string) (*Link, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.links[id] != nil || m.reserved[id] != nil {
+		return nil, fmt.Errorf("netns: sandbox %s already has a network", id)
+	}
+	slot, gw, addr, err := m.allocate()
+	if err != nil {
+		return nil, err
+	}
+	l := &Link{ID: id, HostIf: m.ifName(id), Gateway: gw, Addr: addr}
+	m.slots[slot] = id
+	m.reserved[id] = l
+	return l, nil
+}
+
+// Reserved reports whether id holds addresses but no veth pair yet.
+func (m *Manager) Reserved(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.reserved[id] != nil
 }
 
 // Create makes a new network namespace for sandbox id, bind-mounted under
@@ -185,9 +212,15 @@ func (m *Manager) attach(id string, ns vnetns.NsHandle) (l *Link, err error) {
 	if _, ok := m.links[id]; ok {
 		return nil, fmt.Errorf("netns: sandbox %s already has a network", id)
 	}
-	slot, gw, addr, err := m.allocate()
-	if err != nil {
-		return nil, err
+	var slot int
+	var gw, addr netip.Addr
+	if r := m.reserved[id]; r != nil {
+		slot, gw, addr = m.slotOf(r.Addr), r.Gateway, r.Addr
+	} else {
+		slot, gw, addr, err = m.allocate()
+		if err != nil {
+			return nil, err
+		}
 	}
 	hostIf := m.ifName(id)
 	peer := "crtmp" + hostIf[len(m.prefix):]
@@ -236,6 +269,7 @@ func (m *Manager) attach(id string, ns vnetns.NsHandle) (l *Link, err error) {
 	l = &Link{ID: id, HostIf: hostIf, Gateway: gw, Addr: addr}
 	m.links[id] = l
 	m.slots[slot] = id
+	delete(m.reserved, id)
 	return l, nil
 }
 
@@ -324,7 +358,11 @@ func (m *Manager) slotOf(a netip.Addr) int {
 func (m *Manager) Remove(id string) error {
 	m.mu.Lock()
 	l := m.links[id]
+	if l == nil {
+		l = m.reserved[id]
+	}
 	delete(m.links, id)
+	delete(m.reserved, id)
 	if l != nil {
 		delete(m.slots, m.slotOf(l.Addr))
 	}

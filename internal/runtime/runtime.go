@@ -63,13 +63,15 @@ type Config struct {
 	// AccessToken, when set, is required by the agent on every request
 	// (header X-Access-Token).
 	AccessToken string
-	// NetNSPath, when set, is a network namespace prepared by the caller
-	// (with a veth pair to the host) that the sandbox runs in. When empty
-	// the sandbox gets a new namespace with loopback only.
-	NetNSPath string
-	// ResolvConf, when set, is a host file bind-mounted read-only over the
-	// sandbox's /etc/resolv.conf.
-	ResolvConf string
+	// Files are host files bind-mounted read-only into the sandbox
+	// (resolv.conf, the egress CA bundle).
+	Files []FileBind
+}
+
+// FileBind mounts the host file Source read-only at Destination.
+type FileBind struct {
+	Source      string
+	Destination string
 }
 
 // Handle is a running sandbox as the driver sees it.
@@ -123,4 +125,8 @@ type Driver interface {
 	Pause(ctx context.Context, id string) error
 	// Resume thaws a paused sandbox.
 	Resume(ctx context.Context, id string) error
+	// NetNS returns a path to the network namespace the sandbox's processes
+	// use, for adding a network to a running sandbox. It fails for
+	// runtimes whose network stack is fixed at start (gVisor).
+	NetNS(ctx context.Context, id string) (string, error)
 }

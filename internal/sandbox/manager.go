@@ -14,9 +14,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/corralhq/corral/internal/audit"
+	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/gateway"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/store"
 )
@@ -31,6 +36,26 @@ var (
 	// (pausing a paused sandbox, resuming a running one).
 	ErrConflict = errors.New("sandbox state does not allow this")
 )
+
+// ConflictError is an ErrConflict with a specific explanation.
+type ConflictError struct{ Msg string }
+
+func (e *ConflictError) Error() string { return e.Msg }
+
+// Unwrap makes errors.Is(err, ErrConflict) hold.
+func (e *ConflictError) Unwrap() error { return ErrConflict }
+
+// EnvSecretError refuses env vars that look like secrets (when the server
+// is configured to refuse them).
+type EnvSecretError struct{ Findings []egress.EnvFinding }
+
+func (e *EnvSecretError) Error() string {
+	names := make([]string, len(e.Findings))
+	for i, f := range e.Findings {
+		names[i] = f.Name + " (" + f.Why + ")"
+	}
+	return "env vars look like secrets: " + strings.Join(names, ", ") + "; register them with `corral secret set` and pass the secret's name instead"
+}
 
 // End reasons recorded for a sandbox.
 const (
@@ -59,6 +84,16 @@ type Config struct {
 	MaxSandboxes int
 	// WatchInterval is how often running sandboxes are checked for death (1 s).
 	WatchInterval time.Duration
+	// Gateway gives sandboxes their network; nil means networking is
+	// unavailable and only "none" is accepted.
+	Gateway *gateway.Gateway
+	// EgressLimits are the per-sandbox egress caps (zero fields: defaults).
+	EgressLimits egress.Limits
+	// RefuseEnvSecrets refuses create requests whose env vars look like
+	// secrets; by default they are accepted with a warning.
+	RefuseEnvSecrets bool
+	// Audit, when set, receives lifecycle and network events.
+	Audit *audit.Log
 }
 
 func (c *Config) setDefaults() {
@@ -93,6 +128,9 @@ type Manager struct {
 	live map[string]*liveSandbox
 
 	clients agentClients
+
+	// netMu serialises network changes (SetNetwork, RefreshSecrets).
+	netMu sync.Mutex
 
 	stop chan struct{}
 	done chan struct{}
@@ -130,7 +168,13 @@ type CreateRequest struct {
 	CommandTimeout *int64            `json:"command_timeout"` // seconds
 	Env            map[string]string `json:"env"`
 	Metadata       map[string]string `json:"metadata"`
-	Network        string            `json:"network"`
+	// Network is the egress mode: "none" (default), "allow", "all-public".
+	Network string `json:"network"`
+	// Allow lists domain patterns and CIDR:port rules for mode "allow".
+	Allow []string `json:"allow"`
+	// Secrets names registered secrets the sandbox may use through the
+	// egress proxy; it sees only their placeholders.
+	Secrets []string `json:"secrets"`
 }
 
 var (
@@ -139,7 +183,51 @@ var (
 )
 
 // validate fills defaults and checks every field; it changes nothing.
-func (m *Manager) validate(req *CreateRequest) (*store.Sandbox, runtime.Config, error) {
+func (m *Manager) validate(ctx context.Context, req *CreateRequest) (*store.Sandbox, runtime.Config, *netPlan, error) {
+	rec, rc, err := m.validateBase(req)
+	if err != nil {
+		return nil, rc, nil, err
+	}
+	pol, err := parsePolicy(req.Network, req.Allow)
+	if err != nil {
+		return nil, rc, nil, err
+	}
+	if pol.Mode != egress.ModeNone && rc.Runtime == runtime.GVisor {
+		return nil, rc, nil, invalid(gvisorNoNetwork)
+	}
+	if len(req.Secrets) > 0 && pol.Mode == egress.ModeNone {
+		return nil, rc, nil, invalid("secrets need a network policy (allow or all-public)")
+	}
+	secrets, err := m.resolveSecrets(ctx, req.Secrets)
+	if err != nil {
+		return nil, rc, nil, err
+	}
+	if pol.Mode != egress.ModeNone && m.cfg.Gateway == nil {
+		return nil, rc, nil, ErrNetworkUnavailable
+	}
+	if findings := egress.ScanEnv(req.Env); len(findings) > 0 {
+		if m.cfg.RefuseEnvSecrets {
+			return nil, rc, nil, &EnvSecretError{Findings: findings}
+		}
+		for _, f := range findings {
+			rec.Warnings = append(rec.Warnings, fmt.Sprintf("env var %s may hold a secret (%s); secrets passed as env vars are readable by all code in the sandbox, use `corral secret set` and secrets instead", f.Name, f.Why))
+		}
+	}
+	rec.Network = string(pol.Mode)
+	if pol.Mode == egress.ModeAllow {
+		rec.Egress.Allow = slices.Clone(req.Allow)
+	}
+	rec.Egress.Secrets = slices.Clone(req.Secrets)
+	return rec, rc, &netPlan{policy: pol, secrets: secrets}, nil
+}
+
+// netPlan is the validated network part of a create request.
+type netPlan struct {
+	policy  egress.Policy
+	secrets []egress.Secret
+}
+
+func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Config, error) {
 	var rc runtime.Config
 	if req.Template == "" {
 		req.Template = m.cfg.DefaultTemplate
@@ -199,12 +287,6 @@ func (m *Manager) validate(req *CreateRequest) (*store.Sandbox, runtime.Config, 
 			return nil, rc, invalid("metadata keys must be 1..%d bytes and values at most %d bytes", MaxMetadataKey, MaxMetadataValue)
 		}
 	}
-	if req.Network == "" {
-		req.Network = "none"
-	}
-	if req.Network != "none" {
-		return nil, rc, invalid(`network must be "none" (egress policies are not available yet)`)
-	}
 	rootfs, err := m.templates.RootFS(req.Template)
 	if err != nil {
 		return nil, rc, invalid("template %q: %v", req.Template, err)
@@ -261,7 +343,7 @@ func newID() string {
 
 // Create validates req, starts the sandbox and records it.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error) {
-	rec, rc, err := m.validate(&req)
+	rec, rc, plan, err := m.validate(ctx, &req)
 	if err != nil {
 		return nil, err
 	}
@@ -278,18 +360,37 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		m.forget(rec.ID)
 		return nil, err
 	}
-	h, err := m.driver.Start(ctx, rc)
-	if err != nil {
+	fail := func(err error) (*store.Sandbox, error) {
+		m.teardownNetwork(rec.ID)
 		m.forget(rec.ID)
 		_ = m.store.EndSandbox(context.WithoutCancel(ctx), rec.ID, EndError, err.Error(), time.Now())
+		m.audit(rec.ID, "sandbox.ended", map[string]any{"reason": EndError, "error": err.Error()})
 		return nil, fmt.Errorf("start sandbox %s: %w", rec.ID, err)
+	}
+	if err := m.prepareNetwork(rec, &rc, plan.policy, plan.secrets); err != nil {
+		return fail(err)
+	}
+	h, err := m.driver.Start(ctx, rc)
+	if err != nil {
+		return fail(err)
+	}
+	if err := m.activateNetwork(rec.ID, plan.policy, plan.secrets); err != nil {
+		_ = m.driver.Stop(context.WithoutCancel(ctx), rec.ID, 0)
+		return fail(err)
 	}
 	m.mu.Lock()
 	ls.pid = h.Pid
 	ls.ending = false
 	ls.timer = time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(rec.ID) })
 	m.mu.Unlock()
-	m.log.Info("sandbox created", "id", rec.ID, "template", rec.Template, "runtime", rec.Runtime)
+	m.log.Info("sandbox created", "id", rec.ID, "template", rec.Template, "runtime", rec.Runtime, "network", rec.Network)
+	m.audit(rec.ID, "sandbox.created", map[string]any{
+		"template": rec.Template, "runtime": rec.Runtime, "tier": rec.Tier, "resources": rec.Resources,
+		"network": rec.Network, "allow": rec.Egress.Allow, "secrets": rec.Egress.Secrets, "metadata": rec.Metadata,
+	})
+	for _, w := range rec.Warnings {
+		m.audit(rec.ID, "sandbox.warning", map[string]any{"warning": w})
+	}
 	return rec, nil
 }
 
@@ -338,6 +439,7 @@ func (m *Manager) end(ctx context.Context, id, reason, errText string) error {
 		}
 	}
 	stopErr := m.driver.Stop(ctx, id, m.cfg.KillGrace)
+	m.teardownNetwork(id)
 	if stopErr != nil {
 		m.log.Error("stop sandbox", "id", id, "err", stopErr)
 		if errText == "" {
@@ -350,6 +452,7 @@ func (m *Manager) end(ctx context.Context, id, reason, errText string) error {
 	m.forget(id)
 	m.dropClient(id)
 	m.log.Info("sandbox ended", "id", id, "reason", reason)
+	m.audit(id, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
 	return stopErr
 }
 
@@ -634,6 +737,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 		m.log.Info("reclaimed orphan without record", "id", id)
 	}
+	m.restoreNetworks(ctx)
 	return nil
 }
 

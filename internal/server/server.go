@@ -1,11 +1,14 @@
 // Package server wires corral's parts into the running control plane:
-// data directory, store, admin key, base template, runtime driver,
-// sandbox manager and the HTTP API.
+// data directory, store, admin key, base template, runtime driver, network
+// gateway (egress proxy, DNS filter, nftables), audit log, sandbox manager
+// and the HTTP API.
 package server
 
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,12 +16,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/corralhq/corral/internal/api"
+	"github.com/corralhq/corral/internal/audit"
+	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/gateway"
 	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
@@ -54,6 +61,25 @@ type Config struct {
 	AgentBinary string
 	// Progress receives the base template build's progress display.
 	Progress io.Writer
+	// NetworkRange numbers sandbox veth pairs (default 10.201.0.0/16).
+	NetworkRange netip.Prefix
+	// NoNetwork runs without the network gateway: only network "none".
+	NoNetwork bool
+	// EgressResolver is the DNS server ("HOST:PORT") the egress proxy and
+	// DNS filter resolve allowed names with; "" means the host's resolver.
+	EgressResolver string
+	// EgressUpstreamCA, when set, is a PEM file of CA certificates the
+	// proxy trusts (instead of the system's) for upstream TLS when it
+	// intercepts a connection to inject a secret.
+	EgressUpstreamCA string
+	// EgressLimits are the per-sandbox egress caps (zero: defaults).
+	EgressLimits egress.Limits
+	// RefuseEnvSecrets refuses sandboxes whose env vars look like secrets.
+	RefuseEnvSecrets bool
+	// E2BInternet is the network mode of an E2B sandbox created with
+	// internet access and no allowOut list: "none" (default) or
+	// "all-public".
+	E2BInternet string
 	// Log is the server's logger.
 	Log *slog.Logger
 }
@@ -68,6 +94,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
+	}
+	switch c.E2BInternet {
+	case "", "none", "all-public":
+	default:
+		return fmt.Errorf("e2b-internet %q: use none or all-public", c.E2BInternet)
 	}
 	if c.MaxOutput < 0 || c.MaxSandboxes < 0 || c.KillGrace < 0 || c.KillGrace > time.Minute {
 		return errors.New("max-output and max-sandboxes must not be negative; kill-grace must be 0..1m")
@@ -91,6 +122,12 @@ type Server struct {
 	Handler http.Handler
 	// AdminKey is the admin API key.
 	AdminKey string
+	// Gateway is the network gateway; nil when networking is off.
+	Gateway *gateway.Gateway
+	// Audit is the audit log writer.
+	Audit *audit.Log
+	// Redactor holds every registered secret value.
+	Redactor *egress.Redactor
 
 	templates templateSource
 }
@@ -132,20 +169,103 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
-	mgr := sandbox.New(sandbox.Config{MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace}, st, drv, templateSource{tmpl}, cfg.Log)
+	// Every secret value is redacted from the log and the audit log.
+	red := &egress.Redactor{}
+	secrets, err := st.ListSecrets(ctx)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	for _, sec := range secrets {
+		_ = red.Add(sec.Name, sec.Value)
+	}
+	cfg.Log = slog.New(egress.NewSlogHandler(cfg.Log.Handler(), red))
+	al := audit.New(st, red, cfg.Log)
+	var gw *gateway.Gateway
+	if !cfg.NoNetwork {
+		gw, err = openGateway(cfg, al)
+		if err != nil {
+			// Sandboxes without a network still work; asking for one
+			// fails with a clear error.
+			cfg.Log.Error("sandbox networking unavailable", "err", err)
+			gw = nil
+		}
+	}
+	mgr := sandbox.New(sandbox.Config{
+		MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace,
+		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
+	}, st, drv, templateSource{tmpl}, cfg.Log)
 	if err := mgr.Reconcile(ctx); err != nil {
 		mgr.Shutdown(ctx, false)
+		if gw != nil {
+			gw.Close()
+		}
+		al.Close()
 		st.Close()
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
-	h := api.New(api.Config{MaxOutput: cfg.MaxOutput}, mgr, st, cfg.Log)
-	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, templates: templateSource{tmpl}}, nil
+	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet}, mgr, st, cfg.Log)
+	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
+		Redactor: red, templates: templateSource{tmpl}}, nil
 }
 
-// Close stops the manager (killing sandboxes if configured) and the store.
+// instanceTag tells corral servers with different data dirs apart on one
+// host (nftables table and interface names).
+func instanceTag(dataDir string) string {
+	sum := sha256.Sum256([]byte(dataDir))
+	return hex.EncodeToString(sum[:])[:3]
+}
+
+// openGateway starts the network gateway: egress CA, resolver, listeners
+// and the nftables table.
+func openGateway(cfg Config, al *audit.Log) (*gateway.Gateway, error) {
+	dir := filepath.Join(cfg.DataDir, "net")
+	ca, err := egress.LoadOrCreateCA(filepath.Join(cfg.DataDir, "ca"))
+	if err != nil {
+		return nil, err
+	}
+	var resolver egress.Resolver
+	if cfg.EgressResolver != "" {
+		addr := cfg.EgressResolver
+		resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}}
+	}
+	var roots *x509.CertPool
+	if cfg.EgressUpstreamCA != "" {
+		pem, err := os.ReadFile(cfg.EgressUpstreamCA)
+		if err != nil {
+			return nil, fmt.Errorf("egress upstream CA: %w", err)
+		}
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("egress upstream CA %s: no certificates", cfg.EgressUpstreamCA)
+		}
+	}
+	return gateway.New(gateway.Config{
+		Range: cfg.NetworkRange, Instance: instanceTag(cfg.DataDir), Dir: dir,
+		Resolver: resolver, CA: ca, UpstreamRoots: roots, Log: cfg.Log,
+		OnEvent: func(ev egress.Event) { al.Record(ev.Sandbox, eventKind(ev), eventData(ev)) },
+	})
+}
+
+// Close stops the manager (killing sandboxes if configured), the network
+// gateway (removing every veth pair and the nftables table), the audit
+// log and the store.
 func (s *Server) Close(ctx context.Context) error {
 	s.Manager.Shutdown(ctx, s.cfg.KillOnShutdown)
-	return s.Store.Close()
+	var errs []error
+	if s.Gateway != nil {
+		if err := s.Gateway.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.Audit.Close()
+	if err := s.Store.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // Run serves until ctx is done, then shuts down gracefully.

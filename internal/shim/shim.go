@@ -13,39 +13,17 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// HideProcSysNetFlag is the shim flag (before "--") that runs the runtime
-// with /proc/sys/net hidden; see [Run].
-const HideProcSysNetFlag = "--hide-proc-sys-net"
-
 // Run runs argv under the shim and returns the exit code to exit with.
 // SIGTERM and SIGINT received by the shim are forwarded to the runtime.
-//
-// With hideProcSysNet, the runtime runs in a private mount namespace in
-// which an empty read-only tmpfs covers /proc/sys/net. Debian's runsc
-// (2022) decides that it runs in the host's network namespace when
-// /proc/sys/net/core/rmem_default exists, which on current kernels it does
-// in every namespace, and then refuses --network=sandbox. Hiding the
-// directory from the runsc process (not from the sandbox, whose /proc is
-// gVisor's own) lets it use the namespace corral prepared.
-func Run(argv []string, hideProcSysNet bool) int {
+func Run(argv []string) int {
 	if len(argv) == 0 {
 		fmt.Fprintln(os.Stderr, "shim: no command")
 		return 2
-	}
-	if hideProcSysNet {
-		// The mount namespace belongs to this thread only; the runtime is
-		// started from it below and the thread is never unlocked.
-		runtime.LockOSThread()
-		if err := hideNet(); err != nil {
-			fmt.Fprintln(os.Stderr, "shim: hide /proc/sys/net:", err)
-			return 1
-		}
 	}
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintln(os.Stderr, "shim: set subreaper:", err)
@@ -84,14 +62,4 @@ func Run(argv []string, hideProcSysNet bool) int {
 			}
 		}
 	}
-}
-
-func hideNet() error {
-	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("unshare mount namespace: %w", err)
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make mounts private: %w", err)
-	}
-	return unix.Mount("tmpfs", "/proc/sys/net", "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k")
 }

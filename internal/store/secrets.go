@@ -183,3 +183,35 @@ func (s *Store) ListEvents(ctx context.Context, f EventFilter) ([]*Event, error)
 	}
 	return out, rows.Err()
 }
+
+// AppendEvents stores evs in one transaction, in order.
+func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("append events: %w", err)
+	}
+	defer tx.Rollback()
+	stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (at, sandbox_id, kind, data) VALUES (?,?,?,?)`)
+	if err != nil {
+		return fmt.Errorf("append events: %w", err)
+	}
+	defer stmt.Close()
+	for _, ev := range evs {
+		if ev.At.IsZero() {
+			ev.At = time.Now().UTC()
+		}
+		data := ev.Data
+		if len(data) == 0 {
+			data = json.RawMessage("{}")
+		}
+		r, err := stmt.ExecContext(ctx, ev.At.UnixMicro(), ev.SandboxID, ev.Kind, string(data))
+		if err != nil {
+			return fmt.Errorf("append %s event: %w", ev.Kind, err)
+		}
+		ev.ID, _ = r.LastInsertId()
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("append events: %w", err)
+	}
+	return nil
+}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -142,5 +143,31 @@ func TestMigrateOldSandboxesTable(t *testing.T) {
 	}
 	if sb.EndReason != "killed" || len(sb.Egress.Allow) != 0 {
 		t.Fatalf("migrated row %+v", sb)
+	}
+}
+
+// TestDatabaseFileIsPrivate: the database holds secret values; only its
+// owner may read it, also when it existed with a wider mode before.
+func TestDatabaseFileIsPrivate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "corral.db")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.PutSecret(context.Background(), &Secret{Name: "x", Hosts: []string{"a.b"}, Header: "H", Value: "0123456789"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{path, path + "-wal"} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s has mode %v, want 0600", filepath.Base(p), fi.Mode().Perm())
+		}
 	}
 }

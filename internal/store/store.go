@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -91,6 +92,19 @@ CREATE TABLE IF NOT EXISTS api_keys (
 
 // Open opens (creating if needed) the database at path.
 func Open(path string) (*Store, error) {
+	// The database holds brokered secret values and access tokens: only
+	// root may read it. SQLite gives its -wal and -shm files the database
+	// file's mode.
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+	}
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
@@ -170,6 +184,9 @@ type Sandbox struct {
 	AccessToken string
 	// Egress is the rest of the network policy (Network holds its mode).
 	Egress Egress
+	// Warnings are returned by create and recorded in the audit log; they
+	// are not stored with the record.
+	Warnings []string
 }
 
 // Egress is the recorded detail of a sandbox's network policy.

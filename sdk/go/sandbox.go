@@ -47,9 +47,17 @@ type Sandbox struct {
 	Resources Resources
 	// CommandTimeout is the default per-command timeout (0: none).
 	CommandTimeout time.Duration
-	Network        string
-	Metadata       map[string]string
-	CreatedAt      time.Time
+	// Network is the egress mode: none, allow or all-public.
+	Network string
+	// Allow lists the domain patterns and CIDR:port rules of mode allow.
+	Allow []string
+	// Secrets names the brokered secrets the sandbox may use.
+	Secrets []string
+	// Warnings come with a newly created sandbox (for example env vars
+	// that look like secrets).
+	Warnings  []string
+	Metadata  map[string]string
+	CreatedAt time.Time
 	ExpiresAt      time.Time
 	// EndedAt is nil while the sandbox runs.
 	EndedAt *time.Time
@@ -69,6 +77,9 @@ type sandboxWire struct {
 	Resources      Resources         `json:"resources"`
 	CommandTimeout float64           `json:"command_timeout"`
 	Network        string            `json:"network"`
+	Allow          []string          `json:"allow"`
+	Secrets        []string          `json:"secrets"`
+	Warnings       []string          `json:"warnings,omitempty"`
 	Metadata       map[string]string `json:"metadata"`
 	CreatedAt      time.Time         `json:"created_at"`
 	ExpiresAt      time.Time         `json:"expires_at"`
@@ -85,6 +96,7 @@ func (s *Sandbox) MarshalJSON() ([]byte, error) {
 	return json.Marshal(sandboxWire{
 		ID: s.ID, Template: s.Template, Runtime: s.Runtime, State: s.State, Tier: s.Tier,
 		Resources: s.Resources, CommandTimeout: s.CommandTimeout.Seconds(), Network: s.Network,
+		Allow: orEmptyList(s.Allow), Secrets: orEmptyList(s.Secrets), Warnings: s.Warnings,
 		Metadata: md, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, EndedAt: s.EndedAt,
 		EndReason: s.EndReason,
 	})
@@ -101,6 +113,7 @@ func (s *Sandbox) UnmarshalJSON(b []byte) error {
 	*s = Sandbox{
 		ID: w.ID, Template: w.Template, Runtime: w.Runtime, State: w.State, Tier: w.Tier,
 		Resources: w.Resources, CommandTimeout: secondsToDuration(w.CommandTimeout), Network: w.Network,
+		Allow: w.Allow, Secrets: w.Secrets, Warnings: w.Warnings,
 		Metadata: w.Metadata, CreatedAt: w.CreatedAt, ExpiresAt: w.ExpiresAt, EndedAt: w.EndedAt,
 		EndReason: w.EndReason, client: client,
 	}
@@ -147,8 +160,16 @@ type CreateOptions struct {
 	Env map[string]string
 	// Metadata is free-form labels, usable as List filters.
 	Metadata map[string]string
-	// Network is the network mode; only "none" exists for now.
+	// Network is the egress mode: "none" (default: no network at all),
+	// "allow" (only Allow) or "all-public" (every public address).
 	Network string
+	// Allow lists domain patterns ("api.github.com", "*.pypi.org") and
+	// CIDR:port rules ("203.0.113.0/24:5432") for mode "allow".
+	Allow []string
+	// Secrets names registered secrets (Client.PutSecret) the sandbox may
+	// use: it sees only the placeholder CORRAL_SECRET_<name>, which the
+	// egress proxy replaces in the secret's header for its hosts.
+	Secrets []string
 }
 
 type createWire struct {
@@ -161,6 +182,8 @@ type createWire struct {
 	Env            map[string]string `json:"env,omitempty"`
 	Metadata       map[string]string `json:"metadata,omitempty"`
 	Network        string            `json:"network,omitempty"`
+	Allow          []string          `json:"allow,omitempty"`
+	Secrets        []string          `json:"secrets,omitempty"`
 }
 
 // Create creates and starts a sandbox (POST /v1/sandboxes).
@@ -169,6 +192,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 		Template: opts.Template, Runtime: opts.Runtime, Tier: opts.Tier,
 		Timeout: durationSeconds(opts.Timeout), CommandTimeout: durationSeconds(opts.CommandTimeout),
 		Env: opts.Env, Metadata: opts.Metadata, Network: opts.Network,
+		Allow: opts.Allow, Secrets: opts.Secrets,
 	}
 	if !opts.Resources.isZero() {
 		r := opts.Resources
@@ -420,4 +444,11 @@ func (c *Client) Resume(ctx context.Context, id string, ttl time.Duration) (*San
 		return nil, err
 	}
 	return sb, nil
+}
+
+func orEmptyList(l []string) []string {
+	if l == nil {
+		return []string{}
+	}
+	return l
 }

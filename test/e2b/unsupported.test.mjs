@@ -57,14 +57,6 @@ test('getMetrics honours start and end', unsupported('metrics history: one curre
   assert.ok(all.length >= 2, `want a series of samples, got ${all.length}`)
 })
 
-test('network: no internet access, allow/deny lists, updateNetwork', unsupported('network allow/deny and internet access', T), async (t) => {
-  const sbx = await newSandbox(t, { allowInternetAccess: false })
-  assert.equal((await sbx.getInfo()).allowInternetAccess, false)
-  await sbx.updateNetwork({ allowOut: ['1.1.1.1'], denyOut: ['0.0.0.0/0'] })
-  const info = await sbx.getInfo()
-  assert.deepEqual(info.network?.allowOut, ['1.1.1.1'])
-})
-
 test('volumes: create, mount, destroy', unsupported('volumes', T), async (t) => {
   const name = unique('vol')
   const vol = await Volume.create(name)

@@ -45,6 +45,12 @@ func Missing() string {
 // Start builds corral from cmdDir (the path of ./cmd/corral relative to
 // the caller's package) and starts a server with logs at level.
 func Start(cmdDir string, level slog.Level) (*Server, error) {
+	return StartWith(cmdDir, level, nil)
+}
+
+// StartWith is Start with a hook that adjusts the server's configuration
+// (egress resolver, caps, log destination) before it opens.
+func StartWith(cmdDir string, level slog.Level, configure func(*server.Config)) (*Server, error) {
 	tmp, err := os.MkdirTemp("", "corral-test-")
 	if err != nil {
 		return nil, err
@@ -60,11 +66,15 @@ func Start(cmdDir string, level slog.Level) (*Server, error) {
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("build corral: %v: %s", err, b)
 	}
-	s.Srv, err = server.Open(context.Background(), server.Config{
+	cfg := server.Config{
 		DataDir: s.DataDir, AgentBinary: s.Bin, Progress: os.Stderr, MaxOutput: 64 << 10,
 		KillOnShutdown: true, MaxSandboxes: 20,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
-	})
+	}
+	if configure != nil {
+		configure(&cfg)
+	}
+	s.Srv, err = server.Open(context.Background(), cfg)
 	if err != nil {
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("open server: %w", err)

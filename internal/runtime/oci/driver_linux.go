@@ -21,7 +21,6 @@ import (
 	"github.com/containerd/go-runc"
 	"github.com/corralhq/corral/internal/cgroups"
 	"github.com/corralhq/corral/internal/runtime"
-	"github.com/corralhq/corral/internal/shim"
 	"golang.org/x/sys/unix"
 )
 
@@ -68,9 +67,6 @@ type Driver struct {
 	opts  Options
 	runc  *runc.Runc
 	runsc *runc.Runc
-	// runscNet runs gVisor sandboxes that have a network namespace with a
-	// veth pair (--network=sandbox: gVisor's own network stack on it).
-	runscNet *runc.Runc
 
 	mu sync.Mutex
 	// exited holds, per sandbox this process started, a channel closed
@@ -113,9 +109,6 @@ func New(o Options) (*Driver, error) {
 	d.runc = &runc.Runc{Command: o.RuncPath, Root: RuntimeRoot(o.StateDir, runtime.Runc), Setpgid: true}
 	d.runsc = &runc.Runc{Command: o.RunscPath, Root: RuntimeRoot(o.StateDir, runtime.GVisor), Setpgid: true, ExtraArgs: []string{
 		"--platform=" + o.RunscPlatform, "--network=none", "--host-uds=all",
-	}}
-	d.runscNet = &runc.Runc{Command: o.RunscPath, Root: d.runsc.Root, Setpgid: true, ExtraArgs: []string{
-		"--platform=" + o.RunscPlatform, "--network=sandbox", "--host-uds=all",
 	}}
 	return d, nil
 }
@@ -182,11 +175,6 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 		return nil, err
 	}
 	rc := d.binary(cfg.Runtime)
-	shimArgs := []string{"shim"}
-	if cfg.Runtime == runtime.GVisor && cfg.NetNSPath != "" {
-		rc = d.runscNet
-		shimArgs = append(shimArgs, shim.HideProcSysNetFlag)
-	}
 	// The runtime runs in the foreground as the sandbox's supervisor (as a
 	// containerd shim would): it reaps the sandbox's init and exits when
 	// the sandbox ends, so no zombie is left to a host init that may not
@@ -199,7 +187,7 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	d.mu.Unlock()
 	runErr := make(chan error, 1)
 	// corral shim -- <runtime> <global flags> run --bundle DIR ID
-	args := append(append(shimArgs, "--", rc.Command), runtimeGlobalArgs(rc)...)
+	args := append([]string{"shim", "--", rc.Command}, runtimeGlobalArgs(rc)...)
 	args = append(args, "run", "--bundle", dir, cfg.ID)
 	cmd := exec.Command(d.opts.AgentBinary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -346,7 +334,22 @@ func dialNoFollow(ctx context.Context, path string) (net.Conn, error) {
 	return dl.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
 }
 
-// Alive reports whether the sandbox's init is running.
+// NetNS returns /proc/PID/ns/net of a runc sandbox's init.
+func (d *Driver) NetNS(ctx context.Context, id string) (string, error) {
+	if d.runtimeOf(id) == runtime.GVisor {
+		return "", errors.New("a gVisor sandbox's network is fixed when it starts")
+	}
+	st, err := d.runc.State(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("runc state %s: %w", id, err)
+	}
+	if st.Pid <= 0 {
+		return "", fmt.Errorf("sandbox %s has no init process", id)
+	}
+	return fmt.Sprintf("/proc/%d/ns/net", st.Pid), nil
+}
+
+// Alive reports whether the sandbox's init is running (or paused).
 func (d *Driver) Alive(id string) bool {
 	d.mu.Lock()
 	exited, ours := d.exited[id]

@@ -175,16 +175,9 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 	if cfg.Resources.CPU <= 0 {
 		s.Linux.Resources.CPU = nil
 	}
-	if cfg.NetNSPath != "" {
-		for i := range s.Linux.Namespaces {
-			if s.Linux.Namespaces[i].Type == specs.NetworkNamespace {
-				s.Linux.Namespaces[i].Path = cfg.NetNSPath
-			}
-		}
-	}
-	if cfg.ResolvConf != "" {
-		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind",
-			Source: cfg.ResolvConf, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+	for _, f := range cfg.Files {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: f.Destination, Type: "bind",
+			Source: f.Source, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	if in.cfg.Runtime == runtime.GVisor {
 		// runsc puts an internal tmpfs on /tmp unless the spec mounts

@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	corral "github.com/corralhq/corral/sdk/go"
+)
+
+// newSandboxNetCmd is `corral sandbox net ID`: show or change a running
+// sandbox's network policy.
+func newSandboxNetCmd(g *clientGlobals) *cobra.Command {
+	var mode string
+	var allow []string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "net ID [--net MODE] [--allow PATTERN]...",
+		Short: "Show or change a running sandbox's network policy",
+		Long: `Without --net or --allow, print the sandbox's network policy and egress
+counters. With them, replace the policy; the change applies to the
+sandbox's next connection and DNS query, without restarting it.
+--allow implies --net allow; --net none removes the sandbox's network.`,
+		Example: `  corral sandbox net $ID
+  corral sandbox net $ID --allow api.github.com --allow '*.pypi.org'
+  corral sandbox net $ID --net none`,
+		Args: argsRange(1, 1, "a sandbox id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			change := cmd.Flags().Changed("net") || cmd.Flags().Changed("allow")
+			m, err := netMode(mode, allow)
+			if err != nil {
+				return usageError(cmd, "%v", err)
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			var n *corral.Network
+			if change {
+				n, err = c.SetNetwork(ctx, args[0], m, allow)
+			} else {
+				n, err = c.GetNetwork(ctx, args[0])
+			}
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			if asJSON {
+				return printJSON(n)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "mode:\t%s\n", n.Mode)
+			fmt.Fprintf(tw, "allow:\t%s\n", orDash(strings.Join(n.Allow, " ")))
+			fmt.Fprintf(tw, "secrets:\t%s\n", orDash(strings.Join(n.Secrets, " ")))
+			if n.Usage != nil {
+				fmt.Fprintf(tw, "connections:\t%d open\n", n.Usage.Conns)
+				fmt.Fprintf(tw, "bytes:\t%d\n", n.Usage.Bytes)
+				fmt.Fprintf(tw, "requests:\t%d in the last minute\n", n.Usage.Requests)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&mode, "net", "", "new mode: none, allow or all-public")
+	cmd.Flags().StringArrayVar(&allow, "allow", nil, "allowed domain pattern or CIDR:port rule (repeatable; implies --net allow)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// newSecretCmd is `corral secret`: brokered secrets.
+func newSecretCmd(g *clientGlobals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "secret",
+		Short: "Register secrets the egress proxy injects (sandboxes see only placeholders)",
+		Long: `A secret is a credential the egress proxy adds to a sandbox's requests to
+the secret's hosts: the sandbox sees only the placeholder CORRAL_SECRET_<name>
+(an env var whose value is the placeholder itself) and sends it in the
+secret's header; the proxy replaces it with the value for the listed hosts
+and nowhere else. Sandboxes name the secrets they may use at create
+(--secret NAME). For HTTPS the proxy intercepts TLS to those hosts with
+corral's egress CA, which such sandboxes trust.`,
+	}
+	cmd.AddCommand(newSecretSetCmd(g), newSecretLsCmd(g), newSecretRmCmd(g))
+	return cmd
+}
+
+func newSecretSetCmd(g *clientGlobals) *cobra.Command {
+	var hosts, header, value, valueFile string
+	cmd := &cobra.Command{
+		Use:   "set NAME --hosts H1,H2 --header HEADER (--value VALUE | --value-file FILE|-)",
+		Short: "Register or replace a secret",
+		Example: `  corral secret set github --hosts api.github.com --header Authorization --value "Bearer $GITHUB_TOKEN"
+  printf 'Bearer %s' "$TOKEN" | corral secret set github --hosts api.github.com --header Authorization --value-file -
+  corral run --net allow --allow api.github.com --secret github -- \
+    sh -c 'curl -H "Authorization: $CORRAL_SECRET_github" https://api.github.com/user'`,
+		Args: argsRange(1, 1, "a secret name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if (value == "") == (valueFile == "") {
+				return usageError(cmd, "give exactly one of --value and --value-file")
+			}
+			if valueFile != "" {
+				var r io.Reader = os.Stdin
+				if valueFile != "-" {
+					f, err := os.Open(valueFile)
+					if err != nil {
+						return usageError(cmd, "--value-file: %v", err)
+					}
+					defer f.Close()
+					r = f
+				}
+				b, err := io.ReadAll(io.LimitReader(r, 64<<10))
+				if err != nil {
+					return fmt.Errorf("read secret value: %w", err)
+				}
+				value = strings.TrimRight(string(b), "\r\n")
+			}
+			var hl []string
+			for _, h := range strings.Split(hosts, ",") {
+				if h = strings.TrimSpace(h); h != "" {
+					hl = append(hl, h)
+				}
+			}
+			if len(hl) == 0 || header == "" {
+				return usageError(cmd, "--hosts and --header are required")
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			s, err := c.PutSecret(ctx, args[0], hl, header, value)
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			fmt.Printf("secret %s set for %s (header %s); placeholder CORRAL_SECRET_%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, s.Name)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&hosts, "hosts", "", "comma-separated host names or *.suffix patterns the secret is for")
+	f.StringVar(&header, "header", "", "HTTP header carrying the placeholder, e.g. Authorization")
+	f.StringVar(&value, "value", "", "the secret value (visible in the process list; prefer --value-file)")
+	f.StringVar(&valueFile, "value-file", "", "read the value from FILE, or from stdin with -")
+	return cmd
+}
+
+func newSecretLsCmd(g *clientGlobals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List secrets (never their values)",
+		Args:    argsRange(0, 0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			list, err := c.ListSecrets(ctx)
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			if asJSON {
+				if list == nil {
+					list = []corral.Secret{}
+				}
+				return printJSON(list)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tHOSTS\tHEADER\tUPDATED")
+			for _, s := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, s.UpdatedAt.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newSecretRmCmd(g *clientGlobals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Delete a secret (sandboxes using it stop getting it injected)",
+		Args:  argsRange(1, 1, "a secret name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			if err := c.DeleteSecret(ctx, args[0]); err != nil {
+				return apiFailure(cmd, err)
+			}
+			return nil
+		},
+	}
+}
+
+// newAuditCmd is `corral audit`: read the audit log.
+func newAuditCmd(g *clientGlobals) *cobra.Command {
+	var q corral.AuditQuery
+	var since string
+	var jsonl, follow bool
+	cmd := &cobra.Command{
+		Use:   "audit [--sandbox ID] [--kind KIND] [--since 10m|TIME] [--jsonl] [--follow]",
+		Short: "Show the audit log (sandbox lifecycle, egress, secrets)",
+		Example: `  corral audit --sandbox $ID
+  corral audit --kind egress. --since 1h --jsonl > egress.jsonl
+  corral audit --follow`,
+		Args: argsRange(0, 0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if since != "" {
+				if d, err := parseDurationArg(since); err == nil {
+					q.Since = time.Now().Add(-d)
+				} else if t, err := time.Parse(time.RFC3339, since); err == nil {
+					q.Since = t
+				} else {
+					return usageError(cmd, "--since: give a duration (10m) or an RFC 3339 time")
+				}
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			w := bufio.NewWriter(os.Stdout)
+			defer w.Flush()
+			for {
+				evs, err := c.Audit(ctx, q)
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return apiFailure(cmd, err)
+				}
+				for _, ev := range evs {
+					if jsonl {
+						fmt.Fprintf(w, `{"id":%d,"at":%q,"sandbox_id":%q,"kind":%q,"data":%s}`+"\n",
+							ev.ID, ev.At.Format(time.RFC3339Nano), ev.SandboxID, ev.Kind, ev.Data)
+					} else {
+						fmt.Fprintf(w, "%s  %-20s %-22s %s\n", ev.At.Local().Format("2006-01-02 15:04:05.000"), orDash(ev.SandboxID), ev.Kind, ev.Data)
+					}
+					q.After = ev.ID
+				}
+				w.Flush()
+				if !follow {
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(time.Second):
+				}
+			}
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&q.Sandbox, "sandbox", "", "only this sandbox's events")
+	f.StringVar(&q.Kind, "kind", "", `only this kind (egress.http), or a prefix ending in "." (egress.)`)
+	f.StringVar(&since, "since", "", "only events newer than a duration ago (10m) or an RFC 3339 time")
+	f.IntVar(&q.Limit, "limit", 0, "at most this many events per request (1..10000)")
+	f.BoolVar(&jsonl, "jsonl", false, "print JSON Lines (one event per line, for export)")
+	f.BoolVar(&follow, "follow", false, "keep printing new events until interrupted")
+	return cmd
+}

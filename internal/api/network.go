@@ -1,0 +1,244 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
+)
+
+// networkView is a sandbox's network policy and egress counters.
+type networkView struct {
+	Mode    string     `json:"mode"`
+	Allow   []string   `json:"allow"`
+	Secrets []string   `json:"secrets"`
+	Usage   *usageView `json:"usage,omitempty"`
+}
+
+// usageView are a sandbox's egress counters.
+type usageView struct {
+	Conns    int   `json:"conns"`
+	Bytes    int64 `json:"bytes"`
+	Requests int   `json:"requests"`
+}
+
+func (s *Server) networkOf(sb *store.Sandbox) networkView {
+	v := networkView{Mode: sb.Network, Allow: sb.Egress.Allow, Secrets: sb.Egress.Secrets}
+	if v.Allow == nil {
+		v.Allow = []string{}
+	}
+	if v.Secrets == nil {
+		v.Secrets = []string{}
+	}
+	if u, ok := s.mgr.NetworkUsage(sb.ID); ok {
+		v.Usage = &usageView{Conns: u.Conns, Bytes: u.Bytes, Requests: u.Requests}
+	}
+	return v
+}
+
+func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.networkOf(sb))
+}
+
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
+	var req sandbox.NetworkRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	sb, err := s.mgr.SetNetwork(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.networkOf(sb))
+}
+
+// secretView is what the API says about a secret: never its value.
+type secretView struct {
+	Name      string   `json:"name"`
+	Hosts     []string `json:"hosts"`
+	Header    string   `json:"header"`
+	CreatedAt string   `json:"created_at"`
+	UpdatedAt string   `json:"updated_at"`
+}
+
+// Secret limits.
+const (
+	maxSecretHosts  = 32
+	maxSecretValue  = 8 << 10
+	maxSecretHeader = 128
+)
+
+func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var req struct {
+		Hosts  []string `json:"hosts"`
+		Header string   `json:"header"`
+		Value  string   `json:"value"`
+	}
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	if err := egress.ValidSecretName(name); err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, "secret name: "+err.Error())
+		return
+	}
+	if msg := checkSecret(req.Hosts, req.Header, req.Value); msg != "" {
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, msg)
+		return
+	}
+	if s.cfg.Redactor != nil {
+		if err := s.cfg.Redactor.Add(name, req.Value); err != nil {
+			writeError(w, http.StatusBadRequest, CodeInvalidArgument, "secret value: "+err.Error())
+			return
+		}
+	}
+	sec := &store.Secret{Name: name, Hosts: req.Hosts, Header: req.Header, Value: req.Value}
+	if err := s.store.PutSecret(r.Context(), sec); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	s.mgr.RefreshSecrets(r.Context(), name)
+	if s.cfg.Audit != nil {
+		s.cfg.Audit.Record("", "secret.set", map[string]any{"name": name, "hosts": req.Hosts, "header": req.Header})
+	}
+	got, err := s.store.GetSecret(r.Context(), name)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, secretOut(got))
+}
+
+// checkSecret validates a secret's fields; "" means valid.
+func checkSecret(hosts []string, header, value string) string {
+	if len(hosts) == 0 || len(hosts) > maxSecretHosts {
+		return "hosts: give 1 to " + strconv.Itoa(maxSecretHosts) + " host names or *.suffix patterns"
+	}
+	for _, h := range hosts {
+		if _, err := egress.ParsePolicy("allow", []string{h}); err != nil || strings.Contains(h, "/") || strings.Count(h, ":") > 0 {
+			return "hosts: " + strconv.Quote(h) + " is not a host name or *.suffix pattern"
+		}
+	}
+	if header == "" || len(header) > maxSecretHeader || strings.ContainsAny(header, " :\r\n\t") {
+		return "header: give an HTTP header name such as Authorization"
+	}
+	if len(value) < egress.MinSecretLen || len(value) > maxSecretValue {
+		return "value: must be " + strconv.Itoa(egress.MinSecretLen) + " to " + strconv.Itoa(maxSecretValue) + " bytes"
+	}
+	if strings.ContainsAny(value, "\r\n\x00") {
+		return "value: must not contain line breaks or NUL"
+	}
+	return ""
+}
+
+func secretOut(sec *store.Secret) secretView {
+	hosts := sec.Hosts
+	if hosts == nil {
+		hosts = []string{}
+	}
+	return secretView{Name: sec.Name, Hosts: hosts, Header: sec.Header, CreatedAt: ts(sec.CreatedAt), UpdatedAt: ts(sec.UpdatedAt)}
+}
+
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
+	list, err := s.store.ListSecrets(r.Context())
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := make([]secretView, 0, len(list))
+	for _, sec := range list {
+		out = append(out, secretOut(sec))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"secrets": out})
+}
+
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	err := s.store.DeleteSecret(r.Context(), name)
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, CodeNotFound, "secret not found")
+		return
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	// The redactor keeps the value: it may still appear in logs of
+	// requests made before the delete.
+	s.mgr.RefreshSecrets(r.Context(), name)
+	if s.cfg.Audit != nil {
+		s.cfg.Audit.Record("", "secret.deleted", map[string]any{"name": name})
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// listAudit serves GET /v1/audit?sandbox=&kind=&since=&until=&after=&limit=
+// as {"events": [...]}, or as JSON Lines with format=jsonl.
+func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := store.EventFilter{SandboxID: q.Get("sandbox")}
+	if k := q.Get("kind"); strings.HasSuffix(k, ".") || strings.HasSuffix(k, "*") {
+		f.KindPrefix = strings.TrimSuffix(k, "*")
+	} else {
+		f.Kind = k
+	}
+	var err error
+	parseTime := func(name string) time.Time {
+		v := q.Get(name)
+		if v == "" || err != nil {
+			return time.Time{}
+		}
+		t, perr := time.Parse(time.RFC3339Nano, v)
+		if perr != nil {
+			err = errors.New(name + " must be an RFC 3339 time")
+		}
+		return t
+	}
+	f.Since, f.Until = parseTime("since"), parseTime("until")
+	if v := q.Get("after"); v != "" && err == nil {
+		if f.AfterID, err = strconv.ParseInt(v, 10, 64); err != nil {
+			err = errors.New("after must be an event id")
+		}
+	}
+	if v := q.Get("limit"); v != "" && err == nil {
+		if f.Limit, err = strconv.Atoi(v); err != nil || f.Limit < 1 || f.Limit > 10000 {
+			err = errors.New("limit must be 1..10000")
+		}
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, err.Error())
+		return
+	}
+	if s.cfg.Audit != nil {
+		s.cfg.Audit.Sync()
+	}
+	evs, lerr := s.store.ListEvents(r.Context(), f)
+	if lerr != nil {
+		s.writeErr(w, r, lerr)
+		return
+	}
+	if evs == nil {
+		evs = []*store.Event{}
+	}
+	if q.Get("format") == "jsonl" {
+		w.Header().Set("Content-Type", "application/jsonl")
+		for _, ev := range evs {
+			b, _ := json.Marshal(ev)
+			w.Write(append(b, '\n'))
+		}
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"events": evs})
+}

@@ -1,0 +1,149 @@
+// Package audit writes corral's audit log: an append-only list of events
+// (sandbox lifecycle, egress attempts, policy changes, warnings) kept in
+// the store, outside every sandbox. Each event's data is redacted of every
+// registered secret value before it is stored. Events are queued and
+// written in batches, in the order they were recorded; Record blocks when
+// the queue is full rather than dropping an event.
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/store"
+)
+
+// QueueSize is how many events may wait to be written before Record blocks.
+const QueueSize = 4096
+
+// maxBatch is the most events written in one transaction.
+const maxBatch = 256
+
+// Log is the audit log writer. It is safe for concurrent use.
+type Log struct {
+	st  *store.Store
+	red *egress.Redactor
+	log *slog.Logger
+
+	ch   chan item
+	done chan struct{}
+
+	closeOnce sync.Once
+	mu        sync.RWMutex // guards closed against Record
+	closed    bool
+}
+
+type item struct {
+	ev   *store.Event
+	sync chan struct{} // when set: a Sync marker, closed once written
+}
+
+// New starts a writer for st. red (may be nil) redacts each event's data.
+func New(st *store.Store, red *egress.Redactor, log *slog.Logger) *Log {
+	if log == nil {
+		log = slog.Default()
+	}
+	l := &Log{st: st, red: red, log: log, ch: make(chan item, QueueSize), done: make(chan struct{})}
+	go l.run()
+	return l
+}
+
+// Record queues one event. data is marshalled to a JSON object; kind is a
+// dotted name such as "egress.http" or "sandbox.created".
+func (l *Log) Record(sandbox, kind string, data any) {
+	b, err := json.Marshal(data)
+	if err != nil || len(b) == 0 || b[0] != '{' {
+		b = []byte("{}")
+	}
+	if l.red != nil {
+		b = l.red.RedactBytes(b)
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		l.log.Error("audit event after close", "sandbox", sandbox, "kind", kind)
+		return
+	}
+	l.ch <- item{ev: &store.Event{At: time.Now().UTC(), SandboxID: sandbox, Kind: kind, Data: json.RawMessage(b)}}
+}
+
+// Sync returns once every event recorded before it was called is stored.
+func (l *Log) Sync() {
+	l.mu.RLock()
+	if l.closed {
+		l.mu.RUnlock()
+		return
+	}
+	done := make(chan struct{})
+	l.ch <- item{sync: done}
+	l.mu.RUnlock()
+	<-done
+}
+
+// Close writes what is queued and stops the writer.
+func (l *Log) Close() {
+	l.closeOnce.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		close(l.ch)
+		l.mu.Unlock()
+		<-l.done
+	})
+}
+
+func (l *Log) run() {
+	defer close(l.done)
+	var batch []*store.Event
+	var syncs []chan struct{}
+	flush := func() {
+		if len(batch) > 0 {
+			// Retry a failed write a few times: an event is never dropped
+			// silently; if the store stays broken the error is logged.
+			var err error
+			for try := 0; try < 5; try++ {
+				if err = l.st.AppendEvents(context.Background(), batch); err == nil {
+					break
+				}
+				time.Sleep(time.Duration(try+1) * 50 * time.Millisecond)
+			}
+			if err != nil {
+				l.log.Error("audit log write failed", "events", len(batch), "err", err)
+			}
+			batch = batch[:0]
+		}
+		for _, s := range syncs {
+			close(s)
+		}
+		syncs = syncs[:0]
+	}
+	for it := range l.ch {
+		l.add(it, &batch, &syncs)
+		// Take whatever else is already queued, up to a batch.
+	more:
+		for len(batch) < maxBatch {
+			select {
+			case it2, ok := <-l.ch:
+				if !ok {
+					break more
+				}
+				l.add(it2, &batch, &syncs)
+			default:
+				break more
+			}
+		}
+		flush()
+	}
+	flush()
+}
+
+func (l *Log) add(it item, batch *[]*store.Event, syncs *[]chan struct{}) {
+	if it.sync != nil {
+		*syncs = append(*syncs, it.sync)
+		return
+	}
+	*batch = append(*batch, it.ev)
+}
