@@ -41,6 +41,8 @@ test: deps e2b-deps build vet
 
 bench: deps build
 	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./test/bench/
+	$(GO) test -run '^$$' -bench ProxyRequest -benchtime 500x ./internal/egress/
+	$(GO) test -run '^$$' -bench ProxyThroughput -benchtime 10x ./internal/egress/
 
 proto:
 	GOBIN=/usr/local/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12

@@ -31,7 +31,7 @@ type testNetns struct {
 // namespace side, and checks with `ip route get` that the route goes via
 // the veth before returning. Everything is removed in t.Cleanup. It skips
 // when not root or when ip(8) is missing.
-func newTestNetns(t *testing.T) *testNetns {
+func newTestNetns(t testing.TB) *testNetns {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create a network namespace")
@@ -120,7 +120,7 @@ func tryTestNetns() (*testNetns, func(), error) {
 
 // listen opens a TCP listener on addr inside the namespace. The socket keeps
 // the namespace after the thread returns to the host's.
-func (n *testNetns) listen(t *testing.T, addr string) net.Listener {
+func (n *testNetns) listen(t testing.TB, addr string) net.Listener {
 	t.Helper()
 	type result struct {
 		l   net.Listener

@@ -39,13 +39,24 @@ func BenchmarkGVisorCreateFirstExec(b *testing.B) {
 	benchCreateFirstExec(b, "gvisor")
 }
 
+// BenchmarkCreateFirstExecNetwork is BenchmarkCreateFirstExec for a
+// sandbox with an egress policy: it also gets a veth pair, addresses, its
+// rule in the nftables table and its entry in the proxy's client table.
+func BenchmarkCreateFirstExecNetwork(b *testing.B) {
+	benchCreate(b, corral.CreateOptions{Network: "allow", Allow: []string{"pypi.org"}})
+}
+
 func benchCreateFirstExec(b *testing.B, rt string) {
+	benchCreate(b, corral.CreateOptions{Runtime: rt})
+}
+
+func benchCreate(b *testing.B, opts corral.CreateOptions) {
 	c := client(b)
 	ctx := context.Background()
 	s := newSamples(b)
 	for i := 0; i < b.N; i++ {
 		s.start()
-		sb, err := c.Create(ctx, corral.CreateOptions{Runtime: rt})
+		sb, err := c.Create(ctx, opts)
 		if err != nil {
 			b.Fatalf("create: %v", err)
 		}
