@@ -182,9 +182,11 @@ func listenDNS() (net.PacketConn, net.Listener, error) {
 	return nil, nil, fmt.Errorf("gateway: DNS listener: %w", last)
 }
 
-// acceptLoop serves redirected connections: those to a sandbox's gateway
-// address on ExplicitProxyPort go to the explicit proxy, all others to the
-// transparent proxy.
+// acceptLoop serves redirected connections: those to ExplicitProxyPort of
+// an address in the sandbox range (a gateway; after a server restart the
+// sandbox's may have changed) go to the explicit proxy, all others to the
+// transparent proxy. Either way the client is identified by its source
+// address, never by the address it dialled.
 func (g *Gateway) acceptLoop() {
 	for {
 		c, err := g.proxyLn.Accept()
@@ -212,27 +214,13 @@ func (g *Gateway) serveConn(c net.Conn) {
 		c.Close()
 		return
 	}
-	if orig.Port() == ExplicitProxyPort && g.isGateway(c.RemoteAddr(), orig.Addr()) {
+	if orig.Port() == ExplicitProxyPort && g.nets.Range().Contains(orig.Addr()) {
 		if !g.explicitLn.push(c) {
 			c.Close()
 		}
 		return
 	}
 	g.proxy.ServeTransparent(g.ctx, c, orig)
-}
-
-// isGateway reports whether addr is the gateway address of the sandbox
-// connecting from remote.
-func (g *Gateway) isGateway(remote net.Addr, addr netip.Addr) bool {
-	ra, ok := remote.(*net.TCPAddr)
-	if !ok {
-		return false
-	}
-	src, _ := netip.AddrFromSlice(ra.IP.To4())
-	g.mu.RLock()
-	defer g.mu.RUnlock()
-	e := g.byAddr[src]
-	return e != nil && e.link.Gateway == addr
 }
 
 // lookup is the proxy's and DNS filter's view of who is asking.

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -105,7 +107,13 @@ func TestLeak(t *testing.T) {
 	})
 	for i := 0; i < cycles; i++ {
 		var sb sandboxJSON
-		if code := call(t, "POST", "/v1/sandboxes", map[string]any{}, &sb); code != 201 {
+		// Every other sandbox has a network: a veth pair, its nftables
+		// rule and its proxy entry must go with it too.
+		req := map[string]any{}
+		if i%2 == 1 {
+			req = map[string]any{"network": "allow", "allow": []string{"pypi.org"}}
+		}
+		if code := call(t, "POST", "/v1/sandboxes", req, &sb); code != 201 {
 			t.Fatalf("cycle %d: create status %d", i, code)
 		}
 		if out := mustSh(t, sb.ID, "echo $((1+1))"); out != "2\n" {
@@ -146,6 +154,7 @@ func hostSnapshot(t *testing.T) map[string]int {
 		"runc containers":           count("runc --root "+runcRoot(env.dataDir)+" list -q | wc -l") - running,
 		"processes of sandbox uids": count("ps -eo uid= | awk '$1>=100000 && $1<165536' | wc -l"),
 		"zombies":                   count("ps -eo stat= | grep -c '^Z' || true"),
+		"sandbox nftables rules":    count("nft list chain inet " + nftTable() + " sandbox_antispoof | grep -c ' drop' || true"),
 	}
 	ents, _ := os.ReadDir(filepath.Join(env.dataDir, "sandboxes"))
 	m["sandbox state dirs"] = len(ents) - running
@@ -160,6 +169,12 @@ func hostSnapshot(t *testing.T) map[string]int {
 	}
 	m["sandbox cgroups"] = cg - running*len(cgroups.Open("/corral").Dirs())
 	return m
+}
+
+// nftTable is the shared server's nftables table (see internal/server).
+func nftTable() string {
+	sum := sha256.Sum256([]byte(env.dataDir))
+	return "corral_" + hex.EncodeToString(sum[:])[:3]
 }
 
 func countRunning(t *testing.T) int {
