@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -218,12 +219,12 @@ func newSecretRmCmd(g *clientGlobals) *cobra.Command {
 func newAuditCmd(g *clientGlobals) *cobra.Command {
 	var q corral.AuditQuery
 	var since string
-	var jsonl, follow bool
+	var asJSON, follow bool
 	cmd := &cobra.Command{
-		Use:   "audit [--sandbox ID] [--kind KIND] [--since 10m|TIME] [--jsonl] [--follow]",
+		Use:   "audit [--task ID] [--sandbox ID] [--kind KIND] [--since 10m|TIME] [--json] [--follow]",
 		Short: "Show the audit log (sandbox lifecycle, egress, secrets)",
 		Example: `  corral audit --sandbox $ID
-  corral audit --kind egress. --since 1h --jsonl > egress.jsonl
+  corral audit --kind egress. --since 1h --json > egress.jsonl
   corral audit --follow`,
 		Args: argsRange(0, 0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -253,11 +254,15 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
 					return apiFailure(cmd, err)
 				}
 				for _, ev := range evs {
-					if jsonl {
-						fmt.Fprintf(w, `{"id":%d,"at":%q,"sandbox_id":%q,"kind":%q,"data":%s}`+"\n",
-							ev.ID, ev.At.Format(time.RFC3339Nano), ev.SandboxID, ev.Kind, ev.Data)
+					if asJSON {
+						b, err := json.Marshal(ev)
+						if err != nil {
+							return err
+						}
+						w.Write(append(b, '\n'))
 					} else {
-						fmt.Fprintf(w, "%s  %-20s %-22s %s\n", ev.At.Local().Format("2006-01-02 15:04:05.000"), orDash(ev.SandboxID), ev.Kind, ev.Data)
+						fmt.Fprintf(w, "%s  %-20s %-20s %-22s %s\n", ev.Time.Local().Format("2006-01-02 15:04:05.000"),
+							orDash(ev.Sandbox), orDash(ev.Task), ev.Kind, ev.Data)
 					}
 					q.After = ev.ID
 				}
@@ -274,11 +279,13 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&q.Task, "task", "", "only this task's events")
 	f.StringVar(&q.Sandbox, "sandbox", "", "only this sandbox's events")
 	f.StringVar(&q.Kind, "kind", "", `only this kind (egress.http), or a prefix ending in "." (egress.)`)
 	f.StringVar(&since, "since", "", "only events newer than a duration ago (10m) or an RFC 3339 time")
 	f.IntVar(&q.Limit, "limit", 0, "at most this many events per request (1..10000)")
-	f.BoolVar(&jsonl, "jsonl", false, "print JSON Lines (one event per line, for export)")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object per line (id, time, sandbox, task, kind, data): JSON Lines, for export")
+	f.BoolVar(&asJSON, "jsonl", false, "same as --json")
 	f.BoolVar(&follow, "follow", false, "keep printing new events until interrupted")
 	return cmd
 }

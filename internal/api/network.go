@@ -184,11 +184,11 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// listAudit serves GET /v1/audit?sandbox=&kind=&since=&until=&after=&limit=
+// listAudit serves GET /v1/audit?task=&sandbox=&kind=&since=&until=&after=&limit=
 // as {"events": [...]}, or as JSON Lines with format=jsonl.
 func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := store.EventFilter{SandboxID: q.Get("sandbox")}
+	f := store.EventFilter{SandboxID: q.Get("sandbox"), TaskID: q.Get("task")}
 	if k := q.Get("kind"); strings.HasSuffix(k, ".") || strings.HasSuffix(k, "*") {
 		f.KindPrefix = strings.TrimSuffix(k, "*")
 	} else {

@@ -96,8 +96,9 @@ func scanSecret(sc interface{ Scan(...any) error }) (*Secret, error) {
 // Kind; it is redacted before it is stored.
 type Event struct {
 	ID        int64           `json:"id"`
-	At        time.Time       `json:"at"`
-	SandboxID string          `json:"sandbox_id"`
+	At        time.Time       `json:"time"`
+	SandboxID string          `json:"sandbox"`
+	TaskID    string          `json:"task"`
 	Kind      string          `json:"kind"`
 	Data      json.RawMessage `json:"data"`
 }
@@ -111,8 +112,8 @@ func (s *Store) AppendEvent(ctx context.Context, ev *Event) (int64, error) {
 	if len(data) == 0 {
 		data = json.RawMessage("{}")
 	}
-	r, err := s.db.ExecContext(ctx, `INSERT INTO events (at, sandbox_id, kind, data) VALUES (?,?,?,?)`,
-		ev.At.UnixMicro(), ev.SandboxID, ev.Kind, string(data))
+	r, err := s.db.ExecContext(ctx, `INSERT INTO events (at, sandbox_id, task_id, kind, data) VALUES (?,?,?,?,?)`,
+		ev.At.UnixMicro(), ev.SandboxID, ev.TaskID, ev.Kind, string(data))
 	if err != nil {
 		return 0, fmt.Errorf("append %s event: %w", ev.Kind, err)
 	}
@@ -123,6 +124,7 @@ func (s *Store) AppendEvent(ctx context.Context, ev *Event) (int64, error) {
 // EventFilter selects events; zero fields match everything.
 type EventFilter struct {
 	SandboxID string
+	TaskID    string
 	Kind      string
 	// KindPrefix matches kinds that start with it ("egress." for example).
 	KindPrefix string
@@ -136,8 +138,12 @@ type EventFilter struct {
 
 // ListEvents returns matching events in the order they were appended.
 func (s *Store) ListEvents(ctx context.Context, f EventFilter) ([]*Event, error) {
-	q := `SELECT id, at, sandbox_id, kind, data FROM events WHERE id > ?`
+	q := `SELECT id, at, sandbox_id, task_id, kind, data FROM events WHERE id > ?`
 	args := []any{f.AfterID}
+	if f.TaskID != "" {
+		q += ` AND task_id = ?`
+		args = append(args, f.TaskID)
+	}
 	if f.SandboxID != "" {
 		q += ` AND sandbox_id = ?`
 		args = append(args, f.SandboxID)
@@ -174,7 +180,7 @@ func (s *Store) ListEvents(ctx context.Context, f EventFilter) ([]*Event, error)
 		var ev Event
 		var at int64
 		var data string
-		if err := rows.Scan(&ev.ID, &at, &ev.SandboxID, &ev.Kind, &data); err != nil {
+		if err := rows.Scan(&ev.ID, &at, &ev.SandboxID, &ev.TaskID, &ev.Kind, &data); err != nil {
 			return nil, fmt.Errorf("list events: %w", err)
 		}
 		ev.At = time.UnixMicro(at).UTC()
@@ -191,7 +197,7 @@ func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 		return fmt.Errorf("append events: %w", err)
 	}
 	defer tx.Rollback()
-	stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (at, sandbox_id, kind, data) VALUES (?,?,?,?)`)
+	stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (at, sandbox_id, task_id, kind, data) VALUES (?,?,?,?,?)`)
 	if err != nil {
 		return fmt.Errorf("append events: %w", err)
 	}
@@ -204,7 +210,7 @@ func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 		if len(data) == 0 {
 			data = json.RawMessage("{}")
 		}
-		r, err := stmt.ExecContext(ctx, ev.At.UnixMicro(), ev.SandboxID, ev.Kind, string(data))
+		r, err := stmt.ExecContext(ctx, ev.At.UnixMicro(), ev.SandboxID, ev.TaskID, ev.Kind, string(data))
 		if err != nil {
 			return fmt.Errorf("append %s event: %w", ev.Kind, err)
 		}

@@ -74,6 +74,7 @@ CREATE TABLE IF NOT EXISTS events (
 	id INTEGER PRIMARY KEY AUTOINCREMENT,
 	at INTEGER NOT NULL,
 	sandbox_id TEXT NOT NULL,
+	task_id TEXT NOT NULL DEFAULT '',
 	kind TEXT NOT NULL,
 	data TEXT NOT NULL
 );
@@ -119,6 +120,10 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
 	}
+	if _, err := db.Exec(`CREATE INDEX IF NOT EXISTS events_task ON events(task_id, id)`); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store: %w", err)
+	}
 	return &Store{db: db}, nil
 }
 
@@ -127,6 +132,7 @@ func Open(path string) (*Store, error) {
 var addedColumns = []struct{ table, column, def string }{
 	{"sandboxes", "access_token", "TEXT NOT NULL DEFAULT ''"},
 	{"sandboxes", "egress", "TEXT NOT NULL DEFAULT '{}'"},
+	{"events", "task_id", "TEXT NOT NULL DEFAULT ''"},
 }
 
 func addColumns(db *sql.DB) error {

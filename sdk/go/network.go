@@ -103,15 +103,19 @@ func (c *Client) DeleteSecret(ctx context.Context, name string) error {
 
 // Event is one audit log entry.
 type Event struct {
-	ID        int64           `json:"id"`
-	At        time.Time       `json:"at"`
-	SandboxID string          `json:"sandbox_id"`
-	Kind      string          `json:"kind"`
-	Data      json.RawMessage `json:"data"`
+	ID   int64     `json:"id"`
+	Time time.Time `json:"time"`
+	// Sandbox and Task are "" for events of neither (secret changes).
+	Sandbox string          `json:"sandbox"`
+	Task    string          `json:"task"`
+	Kind    string          `json:"kind"`
+	Data    json.RawMessage `json:"data"`
 }
 
 // AuditQuery filters Audit; zero fields match everything.
 type AuditQuery struct {
+	// Task selects one task's events.
+	Task string
 	// Sandbox selects one sandbox's events.
 	Sandbox string
 	// Kind is an exact kind ("egress.http") or a prefix ending in "."
@@ -128,6 +132,9 @@ type AuditQuery struct {
 // Audit returns audit log events in order (GET /v1/audit).
 func (c *Client) Audit(ctx context.Context, q AuditQuery) ([]Event, error) {
 	v := url.Values{}
+	if q.Task != "" {
+		v.Set("task", q.Task)
+	}
 	if q.Sandbox != "" {
 		v.Set("sandbox", q.Sandbox)
 	}

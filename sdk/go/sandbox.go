@@ -58,7 +58,7 @@ type Sandbox struct {
 	Warnings  []string
 	Metadata  map[string]string
 	CreatedAt time.Time
-	ExpiresAt      time.Time
+	ExpiresAt time.Time
 	// EndedAt is nil while the sandbox runs.
 	EndedAt *time.Time
 	// EndReason says why an ended sandbox ended: killed, ttl, oom, error
