@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	end_reason TEXT NOT NULL DEFAULT '',
 	error TEXT NOT NULL DEFAULT '',
 	access_token TEXT NOT NULL DEFAULT '',
-	egress TEXT NOT NULL DEFAULT '{}'
+	egress TEXT NOT NULL DEFAULT '{}',
+	task_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state, created_at);
 CREATE TABLE IF NOT EXISTS commands (
@@ -62,6 +63,19 @@ CREATE TABLE IF NOT EXISTS commands (
 	end_reason TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS commands_sandbox ON commands(sandbox_id, id);
+CREATE TABLE IF NOT EXISTS tasks (
+	id TEXT PRIMARY KEY,
+	agent TEXT NOT NULL,
+	implicit INTEGER NOT NULL DEFAULT 0,
+	state TEXT NOT NULL,
+	budgets TEXT NOT NULL,
+	usage TEXT NOT NULL,
+	breaker TEXT NOT NULL DEFAULT '{}',
+	on_trip TEXT NOT NULL DEFAULT 'kill',
+	artifacts TEXT NOT NULL DEFAULT '[]',
+	created_at INTEGER NOT NULL,
+	ended_at INTEGER
+);
 CREATE TABLE IF NOT EXISTS secrets (
 	name TEXT PRIMARY KEY,
 	hosts TEXT NOT NULL,
@@ -133,6 +147,7 @@ var addedColumns = []struct{ table, column, def string }{
 	{"sandboxes", "access_token", "TEXT NOT NULL DEFAULT ''"},
 	{"sandboxes", "egress", "TEXT NOT NULL DEFAULT '{}'"},
 	{"events", "task_id", "TEXT NOT NULL DEFAULT ''"},
+	{"sandboxes", "task_id", "TEXT NOT NULL DEFAULT ''"},
 }
 
 func addColumns(db *sql.DB) error {
@@ -190,6 +205,8 @@ type Sandbox struct {
 	AccessToken string
 	// Egress is the rest of the network policy (Network holds its mode).
 	Egress Egress
+	// TaskID is the task (agent session) the sandbox belongs to.
+	TaskID string
 	// Warnings are returned by create and recorded in the audit log; they
 	// are not stored with the record.
 	Warnings []string
@@ -211,10 +228,10 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	meta, _ := json.Marshal(orEmpty(sb.Metadata))
 	eg, _ := json.Marshal(sb.Egress)
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
-		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
-		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg))
+		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID)
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
@@ -277,7 +294,7 @@ func (s *Store) SetState(ctx context.Context, id, state string, expires time.Tim
 	return nil
 }
 
-const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress`
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id`
 
 func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
@@ -285,7 +302,7 @@ func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var ctMS, created, expires int64
 	var ended sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
-		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg); err != nil {
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(eg), &sb.Egress)
