@@ -163,6 +163,7 @@ when it is not a terminal. Ctrl-C kills the sandbox.`,
 
 func newExecCmd(g *clientGlobals) *cobra.Command {
 	var cf commandFlags
+	var task string
 	cmd := &cobra.Command{
 		Use:   "exec [flags] ID -- CMD [ARGS...]",
 		Short: "Run a command in a running sandbox",
@@ -200,6 +201,9 @@ Ctrl-C kills the command.`,
 			if !sb.Running() {
 				return fmt.Errorf("sandbox %s has ended (%s)", sb.ID, sb.EndReason)
 			}
+			if task != "" && task != sb.Task {
+				return usageError(cmd, "sandbox %s belongs to task %s, not %s", sb.ID, orDash(sb.Task), task)
+			}
 			if !explicitTimeout {
 				timeout = sb.CommandTimeout
 			}
@@ -209,6 +213,7 @@ Ctrl-C kills the command.`,
 	cmd.Flags().SetInterspersed(false)
 	cf.register(cmd)
 	cmd.Flags().StringArrayVar(&cf.env, "env", nil, "environment variable K=V for the command (repeatable)")
+	cmd.Flags().StringVar(&task, "task", "", "check that the sandbox belongs to this task (its calls count against the sandbox's task)")
 	return cmd
 }
 

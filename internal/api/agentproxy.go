@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/proto/process"
 	"github.com/corralhq/corral/proto/process/processconnect"
@@ -28,6 +29,10 @@ func (s *Server) agentRoute(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if _, err := s.mgr.Get(r.Context(), id); err == nil {
+			if berr := s.mgr.BrakeError(r.Context(), id); berr != nil {
+				s.writeErr(w, r, berr)
+				return
+			}
 			writeError(w, http.StatusNotFound, CodeNotFound, "sandbox has ended")
 			return
 		}
@@ -130,6 +135,15 @@ func (p *processRelay) Start(ctx context.Context, req *connect.Request[process.S
 	defer cancel()
 	proc, err := p.mgr.StartProcess(sctx, sandboxIDFrom(ctx), req.Msg, userOf(req.Header()), lifetime)
 	if err != nil {
+		var trip *govern.TripError
+		if errors.As(err, &trip) {
+			// E2B's SDK shows the message; the code names the brake.
+			msg := trip.Msg
+			if !strings.HasPrefix(msg, trip.Code+":") {
+				msg = trip.Code + ": " + msg
+			}
+			return connect.NewError(connect.CodeResourceExhausted, errors.New(msg))
+		}
 		return err
 	}
 	defer proc.Close()

@@ -341,13 +341,37 @@ func (s *Server) e2bMetrics(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	cpus := max(sb.Resources.CPU, 0.01)
+	// The watchdog's one-second history, within start..end (unix seconds)
+	// when given; without a range and before the first sample, a reading
+	// taken now.
+	q := r.URL.Query()
+	var from, to time.Time
+	if v, err := strconv.ParseInt(q.Get("start"), 10, 64); err == nil {
+		from = time.Unix(v, 0)
+	}
+	if v, err := strconv.ParseInt(q.Get("end"), 10, 64); err == nil {
+		to = time.Unix(v, 0).Add(time.Second)
+	}
+	if wd := s.mgr.Watchdog(); wd != nil {
+		out := []map[string]any{}
+		for _, smp := range wd.Series(sb.ID, time.Time{}) {
+			if (!from.IsZero() && smp.Time.Before(from)) || (!to.IsZero() && !smp.Time.Before(to)) {
+				continue
+			}
+			out = append(out, e2bMetric(sb, smp.Time, smp.CPUPercent/cpus, smp.MemoryBytes, smp.DiskBytes))
+		}
+		if len(out) > 0 || !from.IsZero() || !to.IsZero() {
+			writeJSON(w, http.StatusOK, out)
+			return
+		}
+	}
 	st, err := s.mgr.Stats(sb.ID)
 	if err != nil {
 		writeJSON(w, http.StatusOK, []any{})
 		return
 	}
 	now := time.Now().UTC()
-	cpus := max(sb.Resources.CPU, 0.01)
 	// CPU use since the previous sample of this sandbox (or since start).
 	prevT, prevCPU := sb.CreatedAt, 0.0
 	s.cpuMu.Lock()
@@ -360,11 +384,17 @@ func (s *Server) e2bMetrics(w http.ResponseWriter, r *http.Request) {
 	s.cpuPrev[sb.ID] = cpuSample{at: now, cpu: st.CPUSeconds}
 	s.cpuMu.Unlock()
 	used := (st.CPUSeconds - prevCPU) / math.Max(now.Sub(prevT).Seconds(), 1e-3) / cpus * 100
-	writeJSON(w, http.StatusOK, []map[string]any{{
-		"timestamp": ts(now), "timestampUnix": now.Unix(), "cpuCount": max(1, int(math.Ceil(sb.Resources.CPU))),
-		"cpuUsedPct": math.Min(used, 100), "memUsed": st.MemoryBytes, "memTotal": sb.Resources.MemoryMB << 20,
-		"memCache": 0, "diskUsed": st.DiskBytes, "diskTotal": sb.Resources.DiskMB << 20,
-	}})
+	writeJSON(w, http.StatusOK, []map[string]any{e2bMetric(sb, now, used, st.MemoryBytes, st.DiskBytes)})
+}
+
+// e2bMetric is one SandboxMetric; cpuPct is in percent of the quota.
+func e2bMetric(sb *store.Sandbox, at time.Time, cpuPct float64, mem, disk int64) map[string]any {
+	at = at.UTC()
+	return map[string]any{
+		"timestamp": ts(at), "timestampUnix": at.Unix(), "cpuCount": max(1, int(math.Ceil(sb.Resources.CPU))),
+		"cpuUsedPct": math.Max(0, math.Min(cpuPct, 100)), "memUsed": mem, "memTotal": sb.Resources.MemoryMB << 20,
+		"memCache": 0, "diskUsed": disk, "diskTotal": sb.Resources.DiskMB << 20,
+	}
 }
 
 // cpuSample is the last CPU reading of a sandbox's metrics.

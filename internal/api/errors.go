@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 )
 
@@ -56,7 +57,17 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var inv *sandbox.InvalidError
 	var conflict *sandbox.ConflictError
 	var envSecret *sandbox.EnvSecretError
+	var trip *govern.TripError
+	var capErr *govern.CapacityError
+	var ginv *govern.InvalidError
 	switch {
+	case errors.As(err, &trip):
+		writeError(w, http.StatusForbidden, trip.Code, trip.Msg)
+	case errors.As(err, &capErr):
+		w.Header().Set("Retry-After", retryAfter(capErr.RetryAfter.Seconds()))
+		writeJSON(w, http.StatusTooManyRequests, apiError{Code: CodeCapacityExceeded, Message: capErr.Error()})
+	case errors.As(err, &ginv):
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, ginv.Msg)
 	case errors.As(err, &inv):
 		writeError(w, http.StatusBadRequest, CodeInvalidArgument, inv.Msg)
 	case errors.As(err, &envSecret):

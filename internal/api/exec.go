@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/output"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/proto/process"
@@ -41,6 +42,9 @@ type execResponse struct {
 	TimedOut    bool   `json:"timed_out"`
 	EndReason   string `json:"end_reason"`
 	DurationMS  int64  `json:"duration_ms"`
+	// Warnings are the governor's notes on this call (loop_suspected,
+	// loop_detected); omitted when none.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // ExitCode maps an agent end event to a shell-style exit code: the exit
@@ -154,6 +158,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	resp.StdoutBytes, resp.StderrBytes = stdout.Total, stderr.Total
 	resp.Truncated = stdout.Truncated() || stderr.Truncated()
 	resp.DurationMS = time.Since(began).Milliseconds()
+	p.Close() // records the end, so that the governor's verdict is known
+	resp.Warnings = p.Warnings()
 	writeJSON(w, http.StatusOK, resp)
 }
 
@@ -226,6 +232,11 @@ func isCallerError(err error) bool {
 // writeAgentErr maps errors from the agent: caller mistakes keep their
 // meaning, a vanished sandbox is 404, anything else 503.
 func (s *Server) writeAgentErr(w http.ResponseWriter, r *http.Request, err error) {
+	var trip *govern.TripError
+	if errors.As(err, &trip) {
+		s.writeErr(w, r, err)
+		return
+	}
 	if ce := new(connect.Error); errorsAs(err, &ce) {
 		switch ce.Code() {
 		case connect.CodeInvalidArgument, connect.CodeUnauthenticated, connect.CodeNotFound:
@@ -234,6 +245,10 @@ func (s *Server) writeAgentErr(w http.ResponseWriter, r *http.Request, err error
 		}
 	}
 	if !s.mgr.Running(r.PathValue("id")) {
+		if berr := s.mgr.BrakeError(r.Context(), r.PathValue("id")); berr != nil {
+			s.writeErr(w, r, berr)
+			return
+		}
 		writeError(w, http.StatusNotFound, CodeNotFound, "sandbox not found (it ended)")
 		return
 	}

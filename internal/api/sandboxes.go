@@ -26,6 +26,7 @@ type sandboxView struct {
 	ExpiresAt      string            `json:"expires_at"`
 	EndedAt        *string           `json:"ended_at"`
 	EndReason      string            `json:"end_reason"`
+	Task           string            `json:"task"`
 	// Warnings are set on create only (for example env vars that look
 	// like secrets).
 	Warnings []string `json:"warnings,omitempty"`
@@ -39,7 +40,7 @@ func view(sb *store.Sandbox) sandboxView {
 		Resources: sb.Resources, CommandTimeout: int64(sb.CommandTimeout / time.Second),
 		Network: sb.Network, Metadata: sb.Metadata, CreatedAt: ts(sb.CreatedAt),
 		ExpiresAt: ts(sb.ExpiresAt), EndReason: sb.EndReason,
-		Allow: sb.Egress.Allow, Secrets: sb.Egress.Secrets, Warnings: sb.Warnings,
+		Allow: sb.Egress.Allow, Secrets: sb.Egress.Secrets, Warnings: sb.Warnings, Task: sb.TaskID,
 	}
 	if v.Allow == nil {
 		v.Allow = []string{}

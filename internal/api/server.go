@@ -13,6 +13,7 @@ import (
 
 	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 )
@@ -31,6 +32,8 @@ type Config struct {
 	// Audit is the audit log (read by GET /v1/audit, written on secret
 	// changes).
 	Audit *audit.Log
+	// Governor keeps tasks (nil: the /v1/tasks routes answer 503).
+	Governor *govern.Governor
 }
 
 // Server serves the API.
@@ -42,6 +45,7 @@ type Server struct {
 	mux   *http.ServeMux
 	agent http.Handler
 	ports http.Handler
+	gov   *govern.Governor
 
 	cpuMu sync.Mutex
 	// cpuPrev holds the previous metrics sample per sandbox; guarded by cpuMu.
@@ -53,7 +57,7 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 	if cfg.MaxOutput <= 0 {
 		cfg.MaxOutput = 1 << 20
 	}
-	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}}
+	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor}
 	s.agent = newAgentProxy(mgr, log)
 	s.ports = newPortProxy(mgr, log)
 	s.routes()
@@ -79,6 +83,14 @@ func (s *Server) routes() {
 	s.mux.Handle("PUT /v1/secrets/{name}", s.auth(s.putSecret))
 	s.mux.Handle("DELETE /v1/secrets/{name}", s.auth(s.deleteSecret))
 	s.mux.Handle("GET /v1/audit", s.auth(s.listAudit))
+	s.mux.Handle("GET /v1/sandboxes/{id}/metrics", s.auth(s.sandboxMetrics))
+	s.mux.Handle("GET /v1/sandboxes/{id}/processes", s.auth(s.sandboxProcesses))
+	s.mux.Handle("POST /v1/tasks", s.auth(s.createTask))
+	s.mux.Handle("GET /v1/tasks", s.auth(s.listTasks))
+	s.mux.Handle("GET /v1/tasks/{id}", s.auth(s.getTask))
+	s.mux.Handle("PATCH /v1/tasks/{id}", s.auth(s.changeTask))
+	s.mux.Handle("DELETE /v1/tasks/{id}", s.auth(s.endTask))
+	s.mux.Handle("POST /v1/tasks/{id}/tokens", s.auth(s.reportTokens))
 	s.mux.Handle("/v1/sandboxes/{id}/agent/", s.auth(s.agentRoute))
 	s.e2bRoutes()
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -55,6 +55,11 @@ func New(st *store.Store, red *egress.Redactor, log *slog.Logger) *Log {
 // Record queues one event. data is marshalled to a JSON object; kind is a
 // dotted name such as "egress.http" or "sandbox.created".
 func (l *Log) Record(sandbox, kind string, data any) {
+	l.RecordTask(sandbox, "", kind, data)
+}
+
+// RecordTask is Record for an event that belongs to a task.
+func (l *Log) RecordTask(sandbox, task, kind string, data any) {
 	b, err := json.Marshal(data)
 	if err != nil || len(b) == 0 || b[0] != '{' {
 		b = []byte("{}")
@@ -68,7 +73,7 @@ func (l *Log) Record(sandbox, kind string, data any) {
 		l.log.Error("audit event after close", "sandbox", sandbox, "kind", kind)
 		return
 	}
-	l.ch <- item{ev: &store.Event{At: time.Now().UTC(), SandboxID: sandbox, Kind: kind, Data: json.RawMessage(b)}}
+	l.ch <- item{ev: &store.Event{At: time.Now().UTC(), SandboxID: sandbox, TaskID: task, Kind: kind, Data: json.RawMessage(b)}}
 }
 
 // Sync returns once every event recorded before it was called is stored.

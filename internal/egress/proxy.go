@@ -424,6 +424,11 @@ func (p *Proxy) plan(ctx context.Context, cl Client, host string, port uint16) (
 	if !ok {
 		return nil, "", &refusal{http.StatusForbidden, why}
 	}
+	// The name itself can carry data out through the upstream resolver
+	// (ATTACKS.md #8): judge it as the DNS filter does, before resolving.
+	if bad, reason := ExfilSuspect(normalizeHost(host)); bad {
+		return nil, "", &refusal{http.StatusForbidden, "exfiltration-shaped name: " + reason}
+	}
 	if p.cfg.Resolver == nil {
 		return nil, "", &refusal{http.StatusBadGateway, "no resolver configured"}
 	}

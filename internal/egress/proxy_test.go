@@ -441,6 +441,8 @@ func TestProxyEgress(t *testing.T) {
 		{name: "none-http", mode: "none", host: "allowed.test", status: 403, reason: "networking is off"},
 		{name: "none-connect", mode: "none", connect: true, host: "allowed.test", status: 403, reason: "networking is off"},
 		{name: "none-ip", mode: "none", connect: true, host: up + ":" + port, status: 403, reason: "networking is off"},
+		{name: "exfil-name-http", mode: "allow", allow: []string{"*.wild.test"}, host: "6a6f686e3a68756e7465723240657861.wild.test", status: 403, reason: "exfiltration-shaped name"},
+		{name: "exfil-name-connect", mode: "all-public", connect: true, host: "aGVsbG8gd29ybGQgdGhpcyBpcyBzZWNyZXQ.wild.test", status: 403, reason: "exfiltration-shaped name"},
 		{name: "all-public-http", mode: "all-public", host: "allowed.test", status: 200, reason: "all-public", reached: true},
 		{name: "all-public-connect", mode: "all-public", connect: true, host: "public.test", status: 200, reason: "all-public", reached: true},
 		{name: "unresolvable", mode: "all-public", host: "nx.test", status: 502, reason: "cannot resolve"},

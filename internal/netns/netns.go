@@ -263,6 +263,18 @@ func (m *Manager) attach(id string, ns vnetns.NsHandle) (l *Link, err error) {
 	if err := configureInside(ns, peer, gw, addr); err != nil {
 		return nil, fmt.Errorf("netns: configure namespace of %s: %w", id, err)
 	}
+	// IPv4 only: without IPv6 on either end, an IPv6 connection fails at
+	// once instead of waiting on neighbour discovery that is rejected.
+	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6", []byte("1"), 0)
+	if err := inNamespace(ns, func() error {
+		err := os.WriteFile("/proc/sys/net/ipv6/conf/"+SandboxIfName+"/disable_ipv6", []byte("1"), 0)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil // IPv6 is off on this host
+		}
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("netns: disable IPv6 in %s: %w", id, err)
+	}
 	if err := m.addSandboxRules(id, hostIf, addr); err != nil {
 		return nil, err
 	}
@@ -512,6 +524,21 @@ func newNamedNS(path string) (vnetns.NsHandle, error) {
 		return 0, fmt.Errorf("bind-mount namespace: %w", mountErr)
 	}
 	return ns, nil
+}
+
+// inNamespace runs fn on a thread that joined ns; the thread is discarded
+// afterwards (never unlocked), so no other goroutine runs in ns.
+func inNamespace(ns vnetns.NsHandle, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := vnetns.Set(ns); err != nil {
+			errc <- err
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
 }
 
 func unmountNS(path string) {

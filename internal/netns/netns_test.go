@@ -156,6 +156,14 @@ func TestCreateRedirectRemove(t *testing.T) {
 		}
 	})
 
+	// IPv6 is off on both ends: an IPv6 connection fails at once.
+	inNS(t, l.NSPath, func() {
+		b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + SandboxIfName + "/disable_ipv6")
+		if err == nil && strings.TrimSpace(string(b)) != "1" {
+			t.Errorf("IPv6 still on inside: disable_ipv6=%q", b)
+		}
+	})
+
 	// A second sandbox gets another /30.
 	l2, err := m.Create("sbxtwo")
 	if err != nil {

@@ -129,4 +129,26 @@ type Driver interface {
 	// use, for adding a network to a running sandbox. It fails for
 	// runtimes whose network stack is fixed at start (gVisor).
 	NetNS(ctx context.Context, id string) (string, error)
+	// Processes lists the sandbox's processes as the host sees them, with
+	// ids as the sandbox sees them (a diagnostic, like ps from outside).
+	Processes(id string) ([]Process, error)
+}
+
+// Process is one process of a sandbox.
+type Process struct {
+	// Pid and PPid are host pids.
+	Pid  int `json:"pid"`
+	PPid int `json:"ppid"`
+	// UID is the uid inside the sandbox (host uid minus the mapping base).
+	UID int `json:"uid"`
+	// User is "root", "user" (uid 1000) or the uid as text.
+	User string `json:"user"`
+	// CPUSeconds is the process's user+system CPU time.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// RSSBytes is its resident memory.
+	RSSBytes int64 `json:"rss_bytes"`
+	// State is the kernel's one-letter state (R, S, D, Z, T...).
+	State string `json:"state"`
+	// Command is the command line (arguments joined by spaces, at most 1 KiB).
+	Command string `json:"command"`
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/proto/process"
 	"github.com/corralhq/corral/proto/process/processconnect"
@@ -124,6 +125,9 @@ type Process struct {
 	rec      store.Command
 	oomStart uint64
 	done     bool
+	task     string
+	call     *govern.CallTicket
+	warnings []string
 }
 
 // StartProcess starts a command through the sandbox's agent. lifetime > 0
@@ -134,25 +138,35 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 	if !m.Running(id) {
 		return nil, ErrNotFound
 	}
+	cfg := req.GetProcess()
+	cmdText := strings.Join(append([]string{cfg.GetCmd()}, cfg.GetArgs()...), " ")
+	task := m.taskOf(id)
+	var call *govern.CallTicket
+	if m.cfg.Governor != nil && task != "" {
+		var err error
+		if call, err = m.cfg.Governor.BeginCall(ctx, task, id, cmdText); err != nil {
+			return nil, err
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	creq := connect.NewRequest(req)
 	if user != "" {
 		creq.Header().Set("Authorization", BasicUser(user))
 	}
-	p := &Process{m: m, id: id, cancel: cancel}
+	p := &Process{m: m, id: id, task: task, call: call, cancel: cancel}
 	if st, err := m.driver.Stats(id); err == nil {
 		p.oomStart = st.OOMKills
 	}
 	stream, err := m.ProcessClient(id).Start(WithLifetime(ctx, lifetime), creq)
 	if err != nil {
 		cancel()
+		call.End(-1, true)
 		return nil, err
 	}
 	p.stream = stream
-	cfg := req.GetProcess()
 	p.rec = store.Command{
 		SandboxID: id, StartedAt: time.Now().UTC(),
-		Command: strings.Join(append([]string{cfg.GetCmd()}, cfg.GetArgs()...), " "),
+		Command: cmdText,
 		Cwd:     cfg.GetCwd(), User: user,
 	}
 	if p.rec.User == "" {
@@ -218,6 +232,31 @@ func (p *Process) finish(end *process.ProcessEvent_EndEvent, err error) {
 			p.m.log.Error("record command end", "sandbox", p.id, "err", err)
 		}
 	}
+	exit, failed := -1, true
+	if p.rec.ExitCode != nil {
+		exit = *p.rec.ExitCode
+		failed = exit != 0 || p.rec.TimedOut
+	}
+	p.warnings = p.call.End(exit, failed)
+	lim := int64(p.m.cfg.MaxOutput)
+	p.m.auditTask(p.id, p.task, "command", map[string]any{
+		"command": clipCommand(p.rec.Command), "cwd": p.rec.Cwd, "user": p.rec.User, "exit_code": p.rec.ExitCode,
+		"duration_ms": now.Sub(p.rec.StartedAt).Milliseconds(), "stdout_bytes": p.rec.StdoutBytes, "stderr_bytes": p.rec.StderrBytes,
+		"truncated": lim > 0 && (p.rec.StdoutBytes > lim || p.rec.StderrBytes > lim), "timed_out": p.rec.TimedOut,
+		"end_reason": p.rec.EndReason, "warnings": p.warnings,
+	})
+}
+
+// Warnings returns what the governor said about the command once it ended
+// (loop_suspected, loop_detected).
+func (p *Process) Warnings() []string { return p.warnings }
+
+// clipCommand bounds a command text stored in the audit log.
+func clipCommand(s string) string {
+	if len(s) > 4096 {
+		return s[:4096] + "…"
+	}
+	return s
 }
 
 // Close releases the stream.

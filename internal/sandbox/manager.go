@@ -17,13 +17,16 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/gateway"
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/watchdog"
 )
 
 // Errors the API maps to stable codes.
@@ -94,6 +97,17 @@ type Config struct {
 	RefuseEnvSecrets bool
 	// Audit, when set, receives lifecycle and network events.
 	Audit *audit.Log
+	// Governor, when set, keeps tasks: budgets, breakers, loop detection.
+	Governor *govern.Governor
+	// Admission, when set, limits running sandboxes globally and per agent
+	// (it replaces MaxSandboxes).
+	Admission *govern.Admission
+	// ArtifactDir receives artifacts archived from sandboxes of tripped
+	// tasks before they are killed.
+	ArtifactDir string
+	// MaxOutput is the API's output limit per stream; commands whose
+	// output exceeded it are recorded as truncated.
+	MaxOutput int
 }
 
 func (c *Config) setDefaults() {
@@ -131,6 +145,10 @@ type Manager struct {
 
 	// netMu serialises network changes (SetNetwork, RefreshSecrets).
 	netMu sync.Mutex
+	// tickets holds each live sandbox's admission ticket; guarded by mu.
+	tickets map[string]*govern.Ticket
+	// wd is the watchdog (SetWatchdog), nil until set.
+	wd atomic.Pointer[watchdog.Watchdog]
 
 	stop chan struct{}
 	done chan struct{}
@@ -153,7 +171,7 @@ func New(cfg Config, st *store.Store, d runtime.Driver, t TemplateSource, log *s
 		log = slog.Default()
 	}
 	m := &Manager{cfg: cfg, store: st, driver: d, templates: t, log: log,
-		live: map[string]*liveSandbox{}, stop: make(chan struct{}), done: make(chan struct{})}
+		live: map[string]*liveSandbox{}, tickets: map[string]*govern.Ticket{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go m.watch()
 	return m
 }
@@ -175,6 +193,11 @@ type CreateRequest struct {
 	// Secrets names registered secrets the sandbox may use through the
 	// egress proxy; it sees only their placeholders.
 	Secrets []string `json:"secrets"`
+	// Task is the task (agent session) the sandbox belongs to; without
+	// one, the sandbox gets its own implicit task.
+	Task string `json:"task"`
+	// Agent names the agent for admission limits and the audit log.
+	Agent string `json:"agent"`
 }
 
 var (
@@ -347,22 +370,32 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	if len(m.live) >= m.cfg.MaxSandboxes {
+	if m.cfg.Admission == nil {
+		m.mu.Lock()
+		n := len(m.live)
 		m.mu.Unlock()
-		return nil, ErrCapacity
+		if n >= m.cfg.MaxSandboxes {
+			return nil, ErrCapacity
+		}
 	}
+	release, err := m.admit(ctx, &req, rec)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
 	m.live[rec.ID] = ls
 	m.mu.Unlock()
 
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
 		m.forget(rec.ID)
+		release()
 		return nil, err
 	}
 	fail := func(err error) (*store.Sandbox, error) {
 		m.teardownNetwork(rec.ID)
 		m.forget(rec.ID)
+		release()
 		_ = m.store.EndSandbox(context.WithoutCancel(ctx), rec.ID, EndError, err.Error(), time.Now())
 		m.audit(rec.ID, "sandbox.ended", map[string]any{"reason": EndError, "error": err.Error()})
 		return nil, fmt.Errorf("start sandbox %s: %w", rec.ID, err)
@@ -383,8 +416,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	ls.ending = false
 	ls.timer = time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(rec.ID) })
 	m.mu.Unlock()
-	m.log.Info("sandbox created", "id", rec.ID, "template", rec.Template, "runtime", rec.Runtime, "network", rec.Network)
+	m.log.Info("sandbox created", "id", rec.ID, "template", rec.Template, "runtime", rec.Runtime, "network", rec.Network, "task", rec.TaskID)
 	m.audit(rec.ID, "sandbox.created", map[string]any{
+		"agent":    req.Agent,
 		"template": rec.Template, "runtime": rec.Runtime, "tier": rec.Tier, "resources": rec.Resources,
 		"network": rec.Network, "allow": rec.Egress.Allow, "secrets": rec.Egress.Secrets, "metadata": rec.Metadata,
 	})
@@ -449,10 +483,15 @@ func (m *Manager) end(ctx context.Context, id, reason, errText string) error {
 	if err := m.store.EndSandbox(context.WithoutCancel(ctx), id, reason, errText, time.Now()); err != nil {
 		return err
 	}
+	task := m.taskOf(id)
 	m.forget(id)
 	m.dropClient(id)
+	m.releaseSandbox(id, task)
+	if wd := m.wd.Load(); wd != nil {
+		wd.Forget(id)
+	}
 	m.log.Info("sandbox ended", "id", id, "reason", reason)
-	m.audit(id, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
+	m.auditTask(id, task, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
 	return stopErr
 }
 
@@ -726,6 +765,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			return err
 		}
 		m.log.Info("reclaimed sandbox", "id", rec.ID, "reason", reason)
+		m.auditTask(rec.ID, rec.TaskID, "sandbox.ended", map[string]any{"reason": reason, "reclaimed_at_start": true})
 	}
 	for _, id := range held {
 		if known[id] {
@@ -736,6 +776,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			continue
 		}
 		m.log.Info("reclaimed orphan without record", "id", id)
+		m.auditTask(id, "", "reaper.reclaimed", map[string]any{"what": "runtime state without a record", "reason": "no_record"})
 	}
 	m.restoreNetworks(ctx)
 	return nil
@@ -743,17 +784,38 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 
 func (m *Manager) adopt(rec *store.Sandbox) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	id := rec.ID
 	m.live[id] = &liveSandbox{rec: rec, timer: time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(id) })}
+	m.mu.Unlock()
+	m.adoptGoverned(rec)
 	m.log.Info("adopted running sandbox", "id", id)
+	m.audit(id, "sandbox.adopted", map[string]any{"state": rec.State})
+}
+
+// adoptGoverned counts an adopted sandbox in admission and in its task.
+func (m *Manager) adoptGoverned(rec *store.Sandbox) {
+	agent := ""
+	if m.cfg.Governor != nil && rec.TaskID != "" {
+		if t, err := m.cfg.Governor.Get(context.Background(), rec.TaskID); err == nil {
+			agent = t.Agent
+		}
+		m.cfg.Governor.AdoptSandbox(context.Background(), rec.TaskID, rec.ID)
+	}
+	if m.cfg.Admission != nil {
+		tk := m.cfg.Admission.Adopt(agent)
+		m.mu.Lock()
+		m.tickets[rec.ID] = tk
+		m.mu.Unlock()
+	}
 }
 
 func (m *Manager) adoptPaused(rec *store.Sandbox) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.live[rec.ID] = &liveSandbox{rec: rec, paused: true, remaining: max(time.Until(rec.ExpiresAt), time.Minute)}
+	m.mu.Unlock()
+	m.adoptGoverned(rec)
 	m.log.Info("adopted paused sandbox", "id", rec.ID)
+	m.audit(rec.ID, "sandbox.adopted", map[string]any{"state": rec.State})
 }
 
 // watch notices sandboxes whose init died (for example OOM-killed) and
@@ -779,6 +841,7 @@ func (m *Manager) watch() {
 		for _, id := range ids {
 			m.EndIfDead(context.Background(), id, 0)
 		}
+		m.chargeCPU()
 	}
 }
 

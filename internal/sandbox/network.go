@@ -296,8 +296,16 @@ func (m *Manager) NetworkUsage(id string) (egress.Usage, bool) {
 }
 
 // audit records an event when the manager has an audit log.
+// The sandbox's task is looked up; m.mu must not be held.
 func (m *Manager) audit(id, kind string, data any) {
 	if m.cfg.Audit != nil {
-		m.cfg.Audit.Record(id, kind, data)
+		m.cfg.Audit.RecordTask(id, m.taskOf(id), kind, data)
+	}
+}
+
+// auditTask records an event of a sandbox whose task is known.
+func (m *Manager) auditTask(id, task, kind string, data any) {
+	if m.cfg.Audit != nil {
+		m.cfg.Audit.RecordTask(id, task, kind, data)
 	}
 }

@@ -26,10 +26,12 @@ import (
 	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/gateway"
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template"
+	"github.com/corralhq/corral/internal/watchdog"
 )
 
 // Defaults for `corral serve`.
@@ -80,6 +82,16 @@ type Config struct {
 	// internet access and no allowOut list: "none" (default) or
 	// "all-public".
 	E2BInternet string
+	// Budgets are the default task budgets (zero fields: govern's
+	// defaults).
+	Budgets govern.Defaults
+	// Loop tunes loop detection (zero fields: defaults).
+	Loop govern.LoopConfig
+	// Admission limits concurrent sandboxes globally and per agent; its
+	// MaxConcurrent defaults to MaxSandboxes.
+	Admission govern.AdmissionConfig
+	// Watchdog tunes the sampler (zero fields: defaults).
+	Watchdog watchdog.Config
 	// Log is the server's logger.
 	Log *slog.Logger
 }
@@ -128,6 +140,12 @@ type Server struct {
 	Audit *audit.Log
 	// Redactor holds every registered secret value.
 	Redactor *egress.Redactor
+	// Governor keeps tasks, budgets and breakers.
+	Governor *govern.Governor
+	// Watchdog samples running sandboxes.
+	Watchdog *watchdog.Watchdog
+
+	stopWatchdog context.CancelFunc
 
 	templates templateSource
 }
@@ -191,11 +209,25 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			gw = nil
 		}
 	}
-	mgr := sandbox.New(sandbox.Config{
+	if cfg.Admission.MaxConcurrent == 0 {
+		cfg.Admission.MaxConcurrent = cfg.MaxSandboxes
+	}
+	adm := govern.NewAdmission(cfg.Admission)
+	var mgr *sandbox.Manager
+	gov := govern.New(govern.Config{Defaults: cfg.Budgets, Loop: cfg.Loop, Audit: al, Log: cfg.Log,
+		OnTrip: func(t *store.Task) { mgr.OnTrip(t) }}, st)
+	var wd *watchdog.Watchdog
+	mgr = sandbox.New(sandbox.Config{
 		MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace,
 		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
+		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 	}, st, drv, templateSource{tmpl}, cfg.Log)
+	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
+	mgr.SetWatchdog(wd)
+	wctx, wcancel := context.WithCancel(context.Background())
+	go wd.Run(wctx)
 	if err := mgr.Reconcile(ctx); err != nil {
+		wcancel()
 		mgr.Shutdown(ctx, false)
 		if gw != nil {
 			gw.Close()
@@ -204,9 +236,10 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
-	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet}, mgr, st, cfg.Log)
+	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
+		Governor: gov}, mgr, st, cfg.Log)
 	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
-		Redactor: red, templates: templateSource{tmpl}}, nil
+		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}}, nil
 }
 
 // instanceTag tells corral servers with different data dirs apart on one
@@ -254,6 +287,7 @@ func openGateway(cfg Config, al *audit.Log) (*gateway.Gateway, error) {
 // gateway (removing every veth pair and the nftables table), the audit
 // log and the store.
 func (s *Server) Close(ctx context.Context) error {
+	s.stopWatchdog()
 	s.Manager.Shutdown(ctx, s.cfg.KillOnShutdown)
 	var errs []error
 	if s.Gateway != nil {

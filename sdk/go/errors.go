@@ -34,6 +34,12 @@ const (
 	CodeDeadlineExceeded  = "deadline_exceeded"
 	CodeUnknown           = "unknown"
 	CodeResourceExhausted = "resource_exhausted"
+	// CodeBudgetExhausted: a budget of the sandbox's task is spent.
+	CodeBudgetExhausted = "budget_exhausted"
+	// CodeLoopDetected: the task repeated the same call too often.
+	CodeLoopDetected = "loop_detected"
+	// CodeTaskEnded: the sandbox's task has ended.
+	CodeTaskEnded = "task_ended"
 )
 
 // APIError is an error reported by the corral server or by a sandbox's
@@ -255,10 +261,27 @@ func fromConnect(err error, info *callInfo) error {
 			return cause
 		}
 	}
-	return &APIError{
+	ae := &APIError{
 		Status:  statusForConnectCode(code),
 		Code:    code.String(),
 		Message: ce.Message(),
 		cause:   err,
 	}
+	// A brake refusing a command arrives as resource_exhausted with the
+	// brake's code in front of the message.
+	if code == connect.CodeResourceExhausted {
+		for _, c := range []string{CodeBudgetExhausted, CodeLoopDetected, CodeTaskEnded} {
+			if strings.HasPrefix(ae.Message, c+":") {
+				ae.Code, ae.Status = c, http.StatusForbidden
+			}
+		}
+	}
+	return ae
+}
+
+// IsBrake reports whether err is a refusal by a task's breaker
+// (budget_exhausted, loop_detected or task_ended): the agent should stop
+// and summarise instead of retrying.
+func IsBrake(err error) bool {
+	return hasCode(err, CodeBudgetExhausted) || hasCode(err, CodeLoopDetected) || hasCode(err, CodeTaskEnded)
 }

@@ -61,9 +61,11 @@ type Sandbox struct {
 	ExpiresAt time.Time
 	// EndedAt is nil while the sandbox runs.
 	EndedAt *time.Time
-	// EndReason says why an ended sandbox ended: killed, ttl, oom, error
-	// or orphaned.
+	// EndReason says why an ended sandbox ended: killed, ttl, oom, error,
+	// orphaned, budget_exhausted, loop_detected, task_ended or cpu_runaway.
 	EndReason string
+	// Task is the task the sandbox belongs to.
+	Task string
 
 	client *Client
 }
@@ -85,6 +87,7 @@ type sandboxWire struct {
 	ExpiresAt      time.Time         `json:"expires_at"`
 	EndedAt        *time.Time        `json:"ended_at"`
 	EndReason      string            `json:"end_reason"`
+	Task           string            `json:"task"`
 }
 
 // MarshalJSON encodes s as the REST API's Sandbox object.
@@ -98,7 +101,7 @@ func (s *Sandbox) MarshalJSON() ([]byte, error) {
 		Resources: s.Resources, CommandTimeout: s.CommandTimeout.Seconds(), Network: s.Network,
 		Allow: orEmptyList(s.Allow), Secrets: orEmptyList(s.Secrets), Warnings: s.Warnings,
 		Metadata: md, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, EndedAt: s.EndedAt,
-		EndReason: s.EndReason,
+		EndReason: s.EndReason, Task: s.Task,
 	})
 }
 
@@ -115,7 +118,7 @@ func (s *Sandbox) UnmarshalJSON(b []byte) error {
 		Resources: w.Resources, CommandTimeout: secondsToDuration(w.CommandTimeout), Network: w.Network,
 		Allow: w.Allow, Secrets: w.Secrets, Warnings: w.Warnings,
 		Metadata: w.Metadata, CreatedAt: w.CreatedAt, ExpiresAt: w.ExpiresAt, EndedAt: w.EndedAt,
-		EndReason: w.EndReason, client: client,
+		EndReason: w.EndReason, Task: w.Task, client: client,
 	}
 	return nil
 }
@@ -170,6 +173,11 @@ type CreateOptions struct {
 	// use: it sees only the placeholder CORRAL_SECRET_<name>, which the
 	// egress proxy replaces in the secret's header for its hosts.
 	Secrets []string
+	// Task puts the sandbox in a task (its calls count against the task's
+	// budgets); without one the sandbox gets its own task.
+	Task string
+	// Agent names the agent, for per-agent admission limits.
+	Agent string
 }
 
 type createWire struct {
@@ -184,6 +192,8 @@ type createWire struct {
 	Network        string            `json:"network,omitempty"`
 	Allow          []string          `json:"allow,omitempty"`
 	Secrets        []string          `json:"secrets,omitempty"`
+	Task           string            `json:"task,omitempty"`
+	Agent          string            `json:"agent,omitempty"`
 }
 
 // Create creates and starts a sandbox (POST /v1/sandboxes).
@@ -192,7 +202,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 		Template: opts.Template, Runtime: opts.Runtime, Tier: opts.Tier,
 		Timeout: durationSeconds(opts.Timeout), CommandTimeout: durationSeconds(opts.CommandTimeout),
 		Env: opts.Env, Metadata: opts.Metadata, Network: opts.Network,
-		Allow: opts.Allow, Secrets: opts.Secrets,
+		Allow: opts.Allow, Secrets: opts.Secrets, Task: opts.Task, Agent: opts.Agent,
 	}
 	if !opts.Resources.isZero() {
 		r := opts.Resources

@@ -210,3 +210,12 @@ test('getMetrics returns CPU, memory and disk samples', T, async (t) => {
   const err = await rejection(sbx.getMetrics(), 'getMetrics of a killed sandbox')
   assertErrorClass(err, SandboxNotFoundError)
 })
+
+test('getMetrics honours start and end', T, async (t) => {
+  const sbx = await newSandbox(t)
+  const future = await sbx.getMetrics({ start: new Date(Date.now() + 3_600_000), end: new Date(Date.now() + 7_200_000) })
+  assert.deepEqual(future, [], 'a range in the future has no samples')
+  await new Promise((r) => setTimeout(r, 12_000))
+  const all = await sbx.getMetrics()
+  assert.ok(all.length >= 2, `want a series of samples, got ${all.length}`)
+})
