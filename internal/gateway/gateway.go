@@ -309,6 +309,10 @@ func (g *Gateway) Adopt(keep func(id string) bool) ([]*netns.Link, error) {
 	return links, err
 }
 
+// Reap removes veth pairs and rules of sandboxes that are not registered
+// here and that keep does not report live; it returns their ids.
+func (g *Gateway) Reap(keep func(id string) bool) []string { return g.nets.Reap(keep) }
+
 // Usage returns sandbox id's current egress counters.
 func (g *Gateway) Usage(id string) egress.Usage { return g.proxy.Usage(id) }
 

@@ -165,7 +165,8 @@ func NewAdmission(cfg AdmissionConfig) *Admission {
 // Config returns the limits in force, defaults filled in.
 func (a *Admission) Config() AdmissionConfig { return a.cfg }
 
-// Acquire admits one sandbox for agent ("" = anonymous, counted under "")
+// Acquire admits one sandbox for agent ("" = anonymous: only the global
+// limit applies)
 // or returns *CapacityError. It waits up to QueueTimeout (and ctx) for a
 // global or per-agent slot; the rate limit is never waited for. If ctx ends
 // first, Acquire returns ctx.Err(). The caller must Release the ticket when
@@ -295,8 +296,10 @@ func (t *Ticket) Release() {
 func (t *Ticket) Agent() string { return t.agent }
 
 // fits reports whether a sandbox of agent fits under both limits.
+// Sandboxes without an agent name ("") count only against the global
+// limit: the per-agent limit and rate apply to named agents.
 func (a *Admission) fits(agent string) bool {
-	return a.running < a.cfg.MaxConcurrent && a.perAgent[agent] < a.cfg.MaxPerAgent
+	return a.running < a.cfg.MaxConcurrent && (agent == "" || a.perAgent[agent] < a.cfg.MaxPerAgent)
 }
 
 // admit counts one more sandbox of agent.
@@ -342,6 +345,9 @@ func (a *Admission) slotError(agent string) *CapacityError {
 // takeToken takes a rate token of agent, or returns how long until one is
 // available. A clock that goes backwards refills nothing.
 func (a *Admission) takeToken(agent string) (time.Duration, bool) {
+	if agent == "" {
+		return 0, true
+	}
 	now := a.now()
 	b := a.buckets[agent]
 	if b == nil {

@@ -333,7 +333,7 @@ func TestLoopChain(t *testing.T) {
 	const (
 		a = "curl -s 'https://api.search.example/q?query=asyncio+timeout&page=1'"
 		b = "curl -s 'https://api.search.example/q?query=asyncio+timeout+error&page=2'"
-		c = "curl -s 'https://api.search.example/q?query=asyncio+timeout+error+handling&page=3'"
+		c = "curl -s 'https://api.search.example/q?query=asyncio+timeout+error+handling+python&page=3'"
 		x = "curl -s 'https://api.weather.example/v1/forecast?city=berlin'"
 	)
 	if !(Similarity(a, b) >= 0.85 && Similarity(b, c) >= 0.85 && Similarity(a, c) < 0.85 && Similarity(x, a) < 0.85 && Similarity(x, c) < 0.85) {

@@ -545,3 +545,39 @@ func unmountNS(path string) {
 	_ = unix.Unmount(path, unix.MNT_DETACH)
 	_ = os.Remove(path)
 }
+
+// Reap removes interfaces, rules and namespace files of this instance
+// whose sandbox is neither known here nor reported live by keep, and
+// returns their sandbox ids (the periodic reaper; see also Adopt).
+func (m *Manager) Reap(keep func(id string) bool) []string {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil
+	}
+	var gone []string
+	for _, hl := range links {
+		a := hl.Attrs()
+		if !strings.HasPrefix(a.Name, m.prefix) {
+			continue
+		}
+		id := a.Alias
+		if _, known := m.Lookup(id); known || (id != "" && keep(id)) {
+			continue
+		}
+		if err := netlink.LinkDel(hl); err == nil {
+			if id != "" {
+				_ = m.deleteSandboxRules(id)
+			}
+			gone = append(gone, id)
+		}
+	}
+	entries, _ := os.ReadDir(m.cfg.NSDir)
+	for _, e := range entries {
+		id := e.Name()
+		if _, known := m.Lookup(id); known || keep(id) || m.Reserved(id) {
+			continue
+		}
+		unmountNS(filepath.Join(m.cfg.NSDir, id))
+	}
+	return gone
+}

@@ -283,3 +283,32 @@ func countRules(t *testing.T, m *Manager, id string) int {
 	}
 	return n
 }
+
+// TestReapRemovesUnknown: the periodic reaper removes an interface left by
+// a sandbox this manager does not know (and keeps known ones).
+func TestReapRemovesUnknown(t *testing.T) {
+	tn := newTestManager(t)
+	m := tn.m
+	kept, err := m.Create("kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray, err := m.Create("stray")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Forget "stray" as a crashed server would have.
+	m.mu.Lock()
+	delete(m.links, "stray")
+	m.mu.Unlock()
+	gone := m.Reap(func(string) bool { return false })
+	if len(gone) != 1 || gone[0] != "stray" {
+		t.Fatalf("reaped %v, want [stray]", gone)
+	}
+	if _, err := netlink.LinkByName(stray.HostIf); err == nil {
+		t.Fatal("stray interface survived")
+	}
+	if _, err := netlink.LinkByName(kept.HostIf); err != nil {
+		t.Fatalf("kept interface removed: %v", err)
+	}
+}

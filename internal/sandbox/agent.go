@@ -164,6 +164,7 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 		return nil, err
 	}
 	p.stream = stream
+	m.touch(id, 1)
 	p.rec = store.Command{
 		SandboxID: id, StartedAt: time.Now().UTC(),
 		Command: cmdText,
@@ -214,6 +215,9 @@ func (p *Process) finish(end *process.ProcessEvent_EndEvent, err error) {
 		return
 	}
 	p.done = true
+	if p.stream != nil {
+		p.m.touch(p.id, -1)
+	}
 	now := time.Now().UTC()
 	p.rec.EndedAt = &now
 	if end != nil {

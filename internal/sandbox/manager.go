@@ -68,6 +68,7 @@ const (
 	EndError    = "error"
 	EndOrphaned = "orphaned"
 	EndShutdown = "shutdown"
+	EndIdle     = "idle"
 )
 
 // TemplateSource resolves a template name to its read-only rootfs.
@@ -108,6 +109,9 @@ type Config struct {
 	// MaxOutput is the API's output limit per stream; commands whose
 	// output exceeded it are recorded as truncated.
 	MaxOutput int
+	// IdleTimeout ends sandboxes with no command running and none started
+	// or ended for this long (0: never). Recorded as end reason "idle".
+	IdleTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -162,6 +166,10 @@ type liveSandbox struct {
 	// paused: frozen, TTL clock stopped with remaining left; guarded by Manager.mu.
 	paused    bool
 	remaining time.Duration
+	// lastActive is the last command start or end; running counts
+	// commands in progress (for the idle limit). Guarded by Manager.mu.
+	lastActive time.Time
+	running    int
 }
 
 // New returns a Manager; call Reconcile before serving requests.
@@ -414,6 +422,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	m.mu.Lock()
 	ls.pid = h.Pid
 	ls.ending = false
+	ls.lastActive = time.Now()
 	ls.timer = time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(rec.ID) })
 	m.mu.Unlock()
 	m.log.Info("sandbox created", "id", rec.ID, "template", rec.Template, "runtime", rec.Runtime, "network", rec.Network, "task", rec.TaskID)
@@ -824,6 +833,7 @@ func (m *Manager) watch() {
 	defer close(m.done)
 	t := time.NewTicker(m.cfg.WatchInterval)
 	defer t.Stop()
+	reap := 0
 	for {
 		select {
 		case <-m.stop:
@@ -842,6 +852,10 @@ func (m *Manager) watch() {
 			m.EndIfDead(context.Background(), id, 0)
 		}
 		m.chargeCPU()
+		if reap++; time.Duration(reap)*m.cfg.WatchInterval >= ReapInterval {
+			reap = 0
+			m.Reap(context.Background())
+		}
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -92,6 +93,8 @@ type Config struct {
 	Admission govern.AdmissionConfig
 	// Watchdog tunes the sampler (zero fields: defaults).
 	Watchdog watchdog.Config
+	// IdleTimeout ends sandboxes idle this long (0: never).
+	IdleTimeout time.Duration
 	// Log is the server's logger.
 	Log *slog.Logger
 }
@@ -221,11 +224,21 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace,
 		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
+		IdleTimeout: cfg.IdleTimeout,
 	}, st, drv, templateSource{tmpl}, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
 	mgr.SetWatchdog(wd)
 	wctx, wcancel := context.WithCancel(context.Background())
 	go wd.Run(wctx)
+	// A marker file lives while the server runs; finding it at start means
+	// the last run did not stop cleanly (a crash or kill -9).
+	marker := filepath.Join(cfg.DataDir, "server.running")
+	_, statErr := os.Stat(marker)
+	crashed := statErr == nil
+	if err := os.WriteFile(marker, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+		cfg.Log.Warn("write run marker", "err", err)
+	}
+	al.Record("", "server.started", map[string]any{"pid": os.Getpid(), "after_crash": crashed})
 	if err := mgr.Reconcile(ctx); err != nil {
 		wcancel()
 		mgr.Shutdown(ctx, false)
@@ -235,6 +248,10 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		al.Close()
 		st.Close()
 		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	if crashed {
+		al.Record("", "server.recovered", map[string]any{"reconciled": true,
+			"note": "the previous run did not stop cleanly; running sandboxes were adopted, dead ones ended as orphaned, state without a record reclaimed"})
 	}
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
 		Governor: gov}, mgr, st, cfg.Log)
@@ -295,7 +312,9 @@ func (s *Server) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	s.Audit.Record("", "server.stopped", map[string]any{"kill_on_shutdown": s.cfg.KillOnShutdown})
 	s.Audit.Close()
+	_ = os.Remove(filepath.Join(s.cfg.DataDir, "server.running"))
 	if err := s.Store.Close(); err != nil {
 		errs = append(errs, err)
 	}
