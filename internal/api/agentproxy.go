@@ -70,10 +70,10 @@ func newAgentProxy(mgr *sandbox.Manager, log *slog.Logger) http.Handler {
 	// being copied upstream; without full duplex the server would close
 	// the request body at the first flush, the copy would fail and the
 	// transport would drop the agent connection under the stream.
-	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/", fileAudit(mgr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		rp.ServeHTTP(w, r)
-	}))
+	})))
 	return mux
 }
 

@@ -303,6 +303,10 @@ func (m *Manager) audit(id, kind string, data any) {
 	}
 }
 
+// RecordEvent records an event of sandbox id (and its task) in the audit
+// log, for events the API observes (file operations).
+func (m *Manager) RecordEvent(id, kind string, data any) { m.audit(id, kind, data) }
+
 // auditTask records an event of a sandbox whose task is known.
 func (m *Manager) auditTask(id, task, kind string, data any) {
 	if m.cfg.Audit != nil {
