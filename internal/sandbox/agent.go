@@ -144,7 +144,7 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 	var call *govern.CallTicket
 	if m.cfg.Governor != nil && task != "" {
 		var err error
-		if call, err = m.cfg.Governor.BeginCall(ctx, task, id, cmdText); err != nil {
+		if call, err = m.cfg.Governor.BeginCall(ctx, task, id, shownCommand(cfg.GetCmd(), cfg.GetArgs())); err != nil {
 			return nil, err
 		}
 	}
@@ -254,6 +254,22 @@ func (p *Process) finish(end *process.ProcessEvent_EndEvent, err error) {
 // Warnings returns what the governor said about the command once it ended
 // (loop_suspected, loop_detected).
 func (p *Process) Warnings() []string { return p.warnings }
+
+// shownCommand is the command as the agent wrote it: the shell wrapper the
+// SDKs add ("/bin/bash -l -c CMD") is dropped, so that loop detection and
+// its messages see CMD.
+func shownCommand(cmd string, args []string) string {
+	switch cmd {
+	case "/bin/bash", "bash", "/bin/sh", "sh":
+		switch {
+		case len(args) == 3 && args[0] == "-l" && args[1] == "-c":
+			return args[2]
+		case len(args) == 2 && args[0] == "-c":
+			return args[1]
+		}
+	}
+	return strings.Join(append([]string{cmd}, args...), " ")
+}
 
 // clipCommand bounds a command text stored in the audit log.
 func clipCommand(s string) string {

@@ -47,3 +47,21 @@ func TestResolveResources(t *testing.T) {
 		})
 	}
 }
+
+func TestShownCommand(t *testing.T) {
+	tests := []struct {
+		cmd  string
+		args []string
+		want string
+	}{
+		{"/bin/bash", []string{"-l", "-c", "pip install x"}, "pip install x"},
+		{"sh", []string{"-c", "ls"}, "ls"},
+		{"python3", []string{"-c", "print(1)"}, "python3 -c print(1)"},
+		{"/bin/bash", []string{"-l", "script.sh"}, "/bin/bash -l script.sh"},
+	}
+	for _, tc := range tests {
+		if got := shownCommand(tc.cmd, tc.args); got != tc.want {
+			t.Errorf("shownCommand(%s %v) = %q, want %q", tc.cmd, tc.args, got, tc.want)
+		}
+	}
+}

@@ -752,6 +752,16 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	known := map[string]bool{}
 	for _, rec := range recs {
 		known[rec.ID] = true
+		// Commands whose stream the last run held are lost to it: their
+		// processes may still run (adopted sandbox) or not (orphaned),
+		// but nobody will see their end. Close the records.
+		if open, err := m.store.EndOpenCommands(ctx, rec.ID, "control_plane_restarted", time.Now()); err == nil {
+			for _, c := range open {
+				m.auditTask(rec.ID, rec.TaskID, "command.interrupted", map[string]any{
+					"command": clipCommand(c.Command), "started": c.StartedAt,
+					"reason": "the control plane stopped while the command ran; its end was not observed"})
+			}
+		}
 		if rec.State == store.StatePaused && m.driver.Alive(rec.ID) {
 			m.adoptPaused(rec)
 			continue

@@ -399,6 +399,30 @@ func (s *Store) EndCommand(ctx context.Context, c *Command) error {
 	return nil
 }
 
+// EndOpenCommands marks every command of a sandbox that has no end as
+// ended at at with reason (after a control-plane crash lost their
+// streams) and returns them.
+func (s *Store) EndOpenCommands(ctx context.Context, sandboxID, reason string, at time.Time) ([]*Command, error) {
+	all, err := s.ListCommands(ctx, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	var open []*Command
+	for _, c := range all {
+		if c.EndedAt != nil {
+			continue
+		}
+		if _, err := s.db.ExecContext(ctx, `UPDATE commands SET ended_at=?, end_reason=? WHERE id=? AND ended_at IS NULL`,
+			ms(at), reason, c.ID); err != nil {
+			return nil, fmt.Errorf("end open command %d: %w", c.ID, err)
+		}
+		t := at.UTC()
+		c.EndedAt, c.EndReason = &t, reason
+		open = append(open, c)
+	}
+	return open, nil
+}
+
 // ListCommands returns the commands of a sandbox in order.
 func (s *Store) ListCommands(ctx context.Context, sandboxID string) ([]*Command, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT id, sandbox_id, started_at, ended_at, command, cwd, user, exit_code,
