@@ -26,7 +26,7 @@ type clientGlobals struct {
 // addClientCommands registers the client commands (run, sandbox).
 func addClientCommands(root *cobra.Command) {
 	g := &clientGlobals{}
-	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g), newSecretCmd(g), newAuditCmd(g), newTaskCmd(g), newDrillCmd(g)} {
+	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g), newSecretCmd(g), newAuditCmd(g), newTaskCmd(g), newDrillCmd(g), newSnapshotCmd(g)} {
 		pf := c.PersistentFlags()
 		pf.StringVar(&g.server, "server", "", "corral server URL (env CORRAL_URL, default "+corral.DefaultURL+")")
 		pf.StringVar(&g.apiKey, "api-key", "", "API key (env CORRAL_API_KEY, else DATA/admin.key for a local server)")
@@ -129,7 +129,7 @@ type sandboxFlags struct {
 	commandTimeout          string
 	network                 string
 	allow, secrets          []string
-	task, agent             string
+	task, agent, snapshot   string
 	env, metadata           []string
 }
 
@@ -146,6 +146,9 @@ func (f *sandboxFlags) register(cmd *cobra.Command, forCreate bool) {
 	fl.StringVar(&f.network, "net", "", `egress: none (default), allow (only --allow) or all-public`)
 	fl.StringArrayVar(&f.allow, "allow", nil, "allowed domain pattern (api.github.com, *.pypi.org) or CIDR:port rule; implies --net allow (repeatable)")
 	fl.StringVar(&f.task, "task", "", "task the sandbox belongs to (corral task create); its calls count against the task's budgets")
+	if forCreate {
+		fl.StringVar(&f.snapshot, "snapshot", "", "start from a snapshot (corral sandbox snapshot) instead of the bare template")
+	}
 	fl.StringVar(&f.agent, "agent", "", "agent name, for per-agent limits and the audit log")
 	fl.StringArrayVar(&f.secrets, "secret", nil, "registered secret the sandbox may use through the egress proxy (repeatable; see corral secret set)")
 	fl.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every process (repeatable)")
@@ -162,7 +165,7 @@ func (f *sandboxFlags) options() (corral.CreateOptions, error) {
 		return corral.CreateOptions{}, err
 	}
 	o := corral.CreateOptions{Template: f.template, Runtime: f.runtime, Tier: f.tier, Network: mode,
-		Allow: f.allow, Secrets: f.secrets, Task: f.task, Agent: f.agent}
+		Allow: f.allow, Secrets: f.secrets, Task: f.task, Agent: f.agent, Snapshot: f.snapshot}
 	switch f.runtime {
 	case "", "runc", "gvisor":
 	default:

@@ -35,6 +35,8 @@ func newSandboxCmd(g *clientGlobals) *cobra.Command {
 		newExecCmd(g),
 		newSandboxCpCmd(g),
 		newSandboxNetCmd(g),
+		newSandboxSnapshotCmd(g),
+		newSandboxForkCmd(g),
 	)
 	return cmd
 }

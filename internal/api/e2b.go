@@ -46,12 +46,10 @@ func (s *Server) e2bRoutes() {
 	s.mux.Handle("POST /sandboxes/{id}/pause", s.e2bAuth(s.e2bPause))
 	s.mux.Handle("POST /sandboxes/{id}/resume", s.e2bAuth(s.e2bConnect))
 	s.mux.Handle("PUT /sandboxes/{id}/network", s.e2bAuth(s.e2bUpdateNetwork))
-	for _, p := range []string{"POST /sandboxes/{id}/snapshots",
-		"POST /sandboxes/{id}/fork", "GET /snapshots"} {
-		s.mux.Handle(p, s.e2bAuth(func(w http.ResponseWriter, r *http.Request) {
-			e2bError(w, http.StatusNotImplemented, "corral does not support "+r.Method+" "+r.Pattern[strings.IndexByte(r.Pattern, ' ')+1:]+" yet (see docs/e2b.md)")
-		}))
-	}
+	s.mux.Handle("POST /sandboxes/{id}/snapshots", s.e2bAuth(s.e2bCreateSnapshot))
+	s.mux.Handle("GET /snapshots", s.e2bAuth(s.e2bListSnapshots))
+	s.mux.Handle("DELETE /templates/{id}", s.e2bAuth(s.e2bDeleteTemplate))
+	s.mux.Handle("POST /sandboxes/{id}/fork", s.e2bAuth(s.e2bFork))
 }
 
 // e2bError writes E2B's error shape: {"code": <status>, "message": ...}.

@@ -27,6 +27,7 @@ type sandboxView struct {
 	EndedAt        *string           `json:"ended_at"`
 	EndReason      string            `json:"end_reason"`
 	Task           string            `json:"task"`
+	Snapshot       string            `json:"snapshot"`
 	// Warnings are set on create only (for example env vars that look
 	// like secrets).
 	Warnings []string `json:"warnings,omitempty"`
@@ -40,7 +41,7 @@ func view(sb *store.Sandbox) sandboxView {
 		Resources: sb.Resources, CommandTimeout: int64(sb.CommandTimeout / time.Second),
 		Network: sb.Network, Metadata: sb.Metadata, CreatedAt: ts(sb.CreatedAt),
 		ExpiresAt: ts(sb.ExpiresAt), EndReason: sb.EndReason,
-		Allow: sb.Egress.Allow, Secrets: sb.Egress.Secrets, Warnings: sb.Warnings, Task: sb.TaskID,
+		Allow: sb.Egress.Allow, Secrets: sb.Egress.Secrets, Warnings: sb.Warnings, Task: sb.TaskID, Snapshot: sb.Snapshot,
 	}
 	if v.Allow == nil {
 		v.Allow = []string{}

@@ -52,6 +52,8 @@ type Config struct {
 	// RootFS is the template's read-only root filesystem (the overlay's
 	// lower layer). Its files are owned by the shifted uid range.
 	RootFS string
+	// Layers are snapshot layers stacked on RootFS, top-most first.
+	Layers []string
 	// Resources are the sandbox's limits.
 	Resources Resources
 	// Env is passed to every process started in the sandbox.
@@ -132,6 +134,11 @@ type Driver interface {
 	// Processes lists the sandbox's processes as the host sees them, with
 	// ids as the sandbox sees them (a diagnostic, like ps from outside).
 	Processes(id string) ([]Process, error)
+	// Snapshot copies the sandbox's writable layer to the new directory
+	// dst, consistently: the sandbox is frozen during the copy (and left
+	// as it was: a paused sandbox stays paused). It returns the bytes
+	// copied.
+	Snapshot(ctx context.Context, id, dst string) (int64, error)
 }
 
 // Process is one process of a sandbox.

@@ -112,6 +112,8 @@ type Config struct {
 	// IdleTimeout ends sandboxes with no command running and none started
 	// or ended for this long (0: never). Recorded as end reason "idle".
 	IdleTimeout time.Duration
+	// SnapshotDir holds snapshot layers ("" disables snapshots).
+	SnapshotDir string
 }
 
 func (c *Config) setDefaults() {
@@ -206,6 +208,9 @@ type CreateRequest struct {
 	Task string `json:"task"`
 	// Agent names the agent for admission limits and the audit log.
 	Agent string `json:"agent"`
+	// Snapshot starts the sandbox from a snapshot (its template with the
+	// snapshot's layers on top) instead of the bare template.
+	Snapshot string `json:"snapshot"`
 }
 
 var (
@@ -260,10 +265,7 @@ type netPlan struct {
 
 func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Config, error) {
 	var rc runtime.Config
-	if req.Template == "" {
-		req.Template = m.cfg.DefaultTemplate
-	}
-	if !templateNameRe.MatchString(req.Template) {
+	if req.Template != "" && !templateNameRe.MatchString(req.Template) {
 		return nil, rc, invalid("template %q is not a valid name", req.Template)
 	}
 	if req.Runtime == "" {
@@ -318,6 +320,24 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 			return nil, rc, invalid("metadata keys must be 1..%d bytes and values at most %d bytes", MaxMetadataKey, MaxMetadataValue)
 		}
 	}
+	var snap *store.Snapshot
+	if req.Snapshot == "" && strings.HasPrefix(req.Template, SnapshotPrefix) {
+		// E2B starts a sandbox from a snapshot by naming it as the template.
+		req.Snapshot, req.Template = req.Template, ""
+	}
+	if req.Snapshot != "" {
+		sn, err := m.store.GetSnapshot(context.Background(), req.Snapshot)
+		if err != nil {
+			return nil, rc, invalid("snapshot %q not found", req.Snapshot)
+		}
+		if req.Template != "" && req.Template != sn.Template {
+			return nil, rc, invalid("snapshot %s is of template %s, not %s", sn.ID, sn.Template, req.Template)
+		}
+		snap, req.Template = sn, sn.Template
+	}
+	if req.Template == "" {
+		req.Template = m.cfg.DefaultTemplate
+	}
 	rootfs, err := m.templates.RootFS(req.Template)
 	if err != nil {
 		return nil, rc, invalid("template %q: %v", req.Template, err)
@@ -328,6 +348,9 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		Resources: res, CommandTimeout: cmdTimeout, Network: req.Network,
 		Metadata: req.Metadata, State: store.StateRunning, CreatedAt: now, ExpiresAt: now.Add(ttl),
 	}
+	if snap != nil {
+		rec.Snapshot = snap.ID
+	}
 	_, sudoErr := os.Stat(filepath.Join(rootfs, "usr/bin/sudo"))
 	// Every process sees that it runs in a sandbox (E2B_SANDBOX as envd
 	// sets it, so code written for E2B detects it too); the caller's env
@@ -337,7 +360,7 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		env[k] = v
 	}
 	rc = runtime.Config{
-		ID: rec.ID, Runtime: runtime.Runtime(req.Runtime), RootFS: rootfs,
+		ID: rec.ID, Runtime: runtime.Runtime(req.Runtime), RootFS: rootfs, Layers: snapLayers(snap),
 		Resources: runtime.Resources{
 			CPU: res.CPU, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20,
 			Pids: res.Pids, Nofile: res.Nofile,

@@ -60,6 +60,7 @@ func (m *Manager) Reap(ctx context.Context) {
 			m.auditTask(id, "", "reaper.reclaimed", map[string]any{"what": "network (veth, nftables rules)", "reason": "no_record"})
 		}
 	}
+	m.purgeDeletedSnapshots(ctx)
 	now := time.Now()
 	for id, ls := range live {
 		m.mu.Lock()

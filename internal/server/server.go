@@ -224,7 +224,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace,
 		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
-		IdleTimeout: cfg.IdleTimeout,
+		IdleTimeout: cfg.IdleTimeout, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
 	}, st, drv, templateSource{tmpl}, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
 	mgr.SetWatchdog(wd)

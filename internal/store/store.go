@@ -76,6 +76,16 @@ CREATE TABLE IF NOT EXISTS tasks (
 	created_at INTEGER NOT NULL,
 	ended_at INTEGER
 );
+CREATE TABLE IF NOT EXISTS snapshots (
+	id TEXT PRIMARY KEY,
+	name TEXT NOT NULL DEFAULT '',
+	sandbox_id TEXT NOT NULL,
+	template TEXT NOT NULL,
+	parent TEXT NOT NULL DEFAULT '',
+	layers TEXT NOT NULL,
+	size_bytes INTEGER NOT NULL,
+	created_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS secrets (
 	name TEXT PRIMARY KEY,
 	hosts TEXT NOT NULL,
@@ -148,6 +158,8 @@ var addedColumns = []struct{ table, column, def string }{
 	{"sandboxes", "egress", "TEXT NOT NULL DEFAULT '{}'"},
 	{"events", "task_id", "TEXT NOT NULL DEFAULT ''"},
 	{"sandboxes", "task_id", "TEXT NOT NULL DEFAULT ''"},
+	{"sandboxes", "snapshot", "TEXT NOT NULL DEFAULT ''"},
+	{"snapshots", "deleted", "INTEGER NOT NULL DEFAULT 0"},
 }
 
 func addColumns(db *sql.DB) error {
@@ -207,6 +219,9 @@ type Sandbox struct {
 	Egress Egress
 	// TaskID is the task (agent session) the sandbox belongs to.
 	TaskID string
+	// Snapshot is the snapshot the sandbox was started from ("" = the
+	// template itself).
+	Snapshot string
 	// Warnings are returned by create and recorded in the audit log; they
 	// are not stored with the record.
 	Warnings []string
@@ -228,10 +243,10 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	meta, _ := json.Marshal(orEmpty(sb.Metadata))
 	eg, _ := json.Marshal(sb.Egress)
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
-		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
-		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID)
+		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID, sb.Snapshot)
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
@@ -294,7 +309,7 @@ func (s *Store) SetState(ctx context.Context, id, state string, expires time.Tim
 	return nil
 }
 
-const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id`
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot`
 
 func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
@@ -302,7 +317,7 @@ func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var ctMS, created, expires int64
 	var ended sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
-		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID); err != nil {
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(eg), &sb.Egress)

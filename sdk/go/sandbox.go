@@ -178,6 +178,9 @@ type CreateOptions struct {
 	Task string
 	// Agent names the agent, for per-agent admission limits.
 	Agent string
+	// Snapshot starts the sandbox from a snapshot instead of the bare
+	// template.
+	Snapshot string
 }
 
 type createWire struct {
@@ -194,6 +197,7 @@ type createWire struct {
 	Secrets        []string          `json:"secrets,omitempty"`
 	Task           string            `json:"task,omitempty"`
 	Agent          string            `json:"agent,omitempty"`
+	Snapshot       string            `json:"snapshot,omitempty"`
 }
 
 // Create creates and starts a sandbox (POST /v1/sandboxes).
@@ -202,7 +206,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 		Template: opts.Template, Runtime: opts.Runtime, Tier: opts.Tier,
 		Timeout: durationSeconds(opts.Timeout), CommandTimeout: durationSeconds(opts.CommandTimeout),
 		Env: opts.Env, Metadata: opts.Metadata, Network: opts.Network,
-		Allow: opts.Allow, Secrets: opts.Secrets, Task: opts.Task, Agent: opts.Agent,
+		Allow: opts.Allow, Secrets: opts.Secrets, Task: opts.Task, Agent: opts.Agent, Snapshot: opts.Snapshot,
 	}
 	if !opts.Resources.isZero() {
 		r := opts.Resources

@@ -26,28 +26,6 @@ test('lifecycle onTimeout pause', unsupported('auto-pause on timeout', T), async
   await waitUntil('the sandbox to pause', 30_000, async () => (await sbx.getInfo()).state === 'paused', 500)
 })
 
-test('snapshots: create, list, start from, delete', unsupported('snapshots', T), async (t) => {
-  const sbx = await newSandbox(t)
-  await sbx.files.write('/home/user/snap.txt', 'in snapshot')
-  const snap = await sbx.createSnapshot({ name: unique('snap') })
-  assert.ok(snap.snapshotId)
-  const listed = await sbx.listSnapshots().nextItems()
-  assert.ok(listed.some((s) => s.snapshotId === snap.snapshotId))
-  const child = await newSandbox(t, { template: snap.snapshotId })
-  assert.equal(await child.files.read('/home/user/snap.txt'), 'in snapshot')
-  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
-})
-
-test('fork copies the filesystem', unsupported('fork', T), async (t) => {
-  const sbx = await newSandbox(t)
-  await sbx.files.write('/home/user/fork.txt', 'forked')
-  const [fork] = await sbx.fork({ count: 1 })
-  assert.ok(fork instanceof Sandbox, String(fork))
-  t.after(() => fork.kill().catch(() => {}))
-  assert.notEqual(fork.sandboxId, sbx.sandboxId)
-  assert.equal(await fork.files.read('/home/user/fork.txt'), 'forked')
-})
-
 test('volumes: create, mount, destroy', unsupported('volumes', T), async (t) => {
   const name = unique('vol')
   const vol = await Volume.create(name)

@@ -253,7 +253,8 @@ func (d *Driver) prepareFS(dir string, cfg runtime.Config) (rootfs, runDir strin
 	if err := os.Chown(upper, uid, uid); err != nil {
 		return "", "", err
 	}
-	ov := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", cfg.RootFS, upper, work)
+	lower := strings.Join(append(append([]string{}, cfg.Layers...), cfg.RootFS), ":")
+	ov := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
 	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NODEV, ov); err != nil {
 		return "", "", fmt.Errorf("mount overlay: %w", err)
 	}

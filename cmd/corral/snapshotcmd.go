@@ -1,0 +1,137 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	corral "github.com/corralhq/corral/sdk/go"
+)
+
+// newSandboxSnapshotCmd is `corral sandbox snapshot ID`.
+func newSandboxSnapshotCmd(g *clientGlobals) *cobra.Command {
+	var name string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "snapshot ID [--name NAME]",
+		Short: "Save a sandbox's files as a snapshot and print the snapshot id",
+		Long: `Snapshot freezes the sandbox (cgroup freezer), copies its writable layer
+and thaws it. Start sandboxes from it with corral sandbox create --snapshot.
+Processes and memory are not saved.`,
+		Example: "  snap=$(corral sandbox snapshot $id)\n  corral sandbox create --snapshot $snap",
+		Args:    argsRange(1, 1, "a sandbox id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			sn, err := c.Snapshot(ctx, args[0], name)
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			if asJSON {
+				return printJSON(sn)
+			}
+			fmt.Println(sn.ID)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "a name for the snapshot")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
+	return cmd
+}
+
+// newSandboxForkCmd is `corral sandbox fork ID`.
+func newSandboxForkCmd(g *clientGlobals) *cobra.Command {
+	var count int
+	cmd := &cobra.Command{
+		Use:   "fork ID [--count N]",
+		Short: "Snapshot a sandbox and start N copies of it; print their ids",
+		Args:  argsRange(1, 1, "a sandbox id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if count < 1 || count > 10 {
+				return usageError(cmd, "--count must be 1..10")
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			sbs, err := c.Fork(ctx, args[0], count)
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			for _, sb := range sbs {
+				fmt.Println(sb.ID)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&count, "count", 1, "how many copies (1..10)")
+	return cmd
+}
+
+// newSnapshotCmd is `corral snapshot ls|rm`.
+func newSnapshotCmd(g *clientGlobals) *cobra.Command {
+	cmd := &cobra.Command{Use: "snapshot", Short: "List and remove snapshots"}
+	var asJSON bool
+	var sandbox string
+	ls := &cobra.Command{
+		Use:     "ls [--sandbox ID] [--json]",
+		Aliases: []string{"list"},
+		Short:   "List snapshots, newest first",
+		Args:    argsRange(0, 0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			list, err := c.ListSnapshots(ctx, sandbox)
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			if asJSON {
+				if list == nil {
+					list = []corral.SnapshotInfo{}
+				}
+				return printJSON(list)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tSANDBOX\tTEMPLATE\tLAYERS\tSIZE")
+			for _, s := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", s.ID, orDash(s.Name), s.Sandbox, s.Template, s.Layers, s.SizeBytes)
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	ls.Flags().StringVar(&sandbox, "sandbox", "", "only snapshots of this sandbox")
+	rm := &cobra.Command{
+		Use:   "rm ID...",
+		Short: "Remove snapshots that nothing uses",
+		Args:  argsRange(1, -1, "snapshot ids"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			for _, id := range args {
+				if err := c.DeleteSnapshot(ctx, id); err != nil {
+					return apiFailure(cmd, err)
+				}
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, rm)
+	return cmd
+}

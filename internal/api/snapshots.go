@@ -1,0 +1,225 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
+)
+
+// snapshotView is a snapshot as the native API reports it.
+type snapshotView struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Sandbox   string `json:"sandbox"`
+	Template  string `json:"template"`
+	Parent    string `json:"parent"`
+	Layers    int    `json:"layers"`
+	SizeBytes int64  `json:"size_bytes"`
+	CreatedAt string `json:"created_at"`
+}
+
+func snapshotOut(sn *store.Snapshot) snapshotView {
+	return snapshotView{ID: sn.ID, Name: sn.Name, Sandbox: sn.SandboxID, Template: sn.Template, Parent: sn.Parent,
+		Layers: len(sn.Layers), SizeBytes: sn.SizeBytes, CreatedAt: ts(sn.CreatedAt)}
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name string `json:"name"`
+	}
+	if r.ContentLength != 0 && !decodeJSON(w, r, &req) {
+		return
+	}
+	sn, err := s.mgr.Snapshot(r.Context(), r.PathValue("id"), req.Name)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snapshotOut(sn))
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	list, err := s.store.ListSnapshots(r.Context(), r.URL.Query().Get("sandbox"), r.URL.Query().Get("name"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := make([]snapshotView, 0, len(list))
+	for _, sn := range list {
+		out = append(out, snapshotOut(sn))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"snapshots": out})
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	sn, err := s.store.GetSnapshot(r.Context(), r.PathValue("id"))
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, CodeNotFound, "snapshot not found")
+		return
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, snapshotOut(sn))
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	err := s.mgr.DeleteSnapshot(r.Context(), r.PathValue("id"))
+	if errors.Is(err, sandbox.ErrNotFound) {
+		writeError(w, http.StatusNotFound, CodeNotFound, "snapshot not found")
+		return
+	}
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Count   int    `json:"count"`
+		Timeout *int64 `json:"timeout"`
+	}
+	if r.ContentLength != 0 && !decodeJSON(w, r, &req) {
+		return
+	}
+	if req.Count == 0 {
+		req.Count = 1
+	}
+	sbs, sn, err := s.mgr.Fork(r.Context(), r.PathValue("id"), req.Count, req.Timeout)
+	if err != nil && len(sbs) == 0 {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := map[string]any{"snapshot": snapshotOut(sn)}
+	views := make([]sandboxView, 0, len(sbs))
+	for _, sb := range sbs {
+		views = append(views, view(sb))
+	}
+	out["sandboxes"] = views
+	if err != nil {
+		out["error"] = err.Error()
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+// e2bCreateSnapshot serves POST /sandboxes/{id}/snapshots.
+func (s *Server) e2bCreateSnapshot(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name string `json:"name"`
+	}
+	if !e2bBody(w, r, &req) {
+		return
+	}
+	sb, ok := s.e2bRunning(w, r)
+	if !ok {
+		return
+	}
+	sn, err := s.mgr.Snapshot(r.Context(), sb.ID, req.Name)
+	if err != nil {
+		var inv *sandbox.InvalidError
+		if errors.As(err, &inv) {
+			e2bError(w, http.StatusBadRequest, inv.Msg)
+			return
+		}
+		s.log.Error("e2b snapshot", "err", err)
+		e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+		return
+	}
+	writeJSON(w, http.StatusCreated, e2bSnapshotOut(sn))
+}
+
+func e2bSnapshotOut(sn *store.Snapshot) map[string]any {
+	names := []string{}
+	if sn.Name != "" {
+		names = append(names, sn.Name)
+	}
+	return map[string]any{"snapshotID": sn.ID, "names": names, "sandboxID": sn.SandboxID, "templateID": sn.Template,
+		"createdAt": ts(sn.CreatedAt), "sizeBytes": sn.SizeBytes}
+}
+
+// e2bListSnapshots serves GET /snapshots?sandboxID=&name=&limit=&nextToken=.
+func (s *Server) e2bListSnapshots(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	list, err := s.store.ListSnapshots(r.Context(), q.Get("sandboxID"), q.Get("name"))
+	if err != nil {
+		e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+		return
+	}
+	start := 0
+	if t := q.Get("nextToken"); t != "" {
+		for i, sn := range list {
+			if sn.ID == t {
+				start = i
+			}
+		}
+	}
+	limit := 100
+	if v, err := strconv.Atoi(q.Get("limit")); err == nil && v > 0 && v <= 1000 {
+		limit = v
+	}
+	end := min(start+limit, len(list))
+	if end < len(list) {
+		w.Header().Set("X-Next-Token", list[end].ID)
+	}
+	out := []map[string]any{}
+	for _, sn := range list[start:end] {
+		out = append(out, e2bSnapshotOut(sn))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// e2bDeleteTemplate serves DELETE /templates/{id}: snapshots are E2B
+// templates; corral's own templates are not deletable this way.
+func (s *Server) e2bDeleteTemplate(w http.ResponseWriter, r *http.Request) {
+	err := s.mgr.DeleteSnapshot(r.Context(), r.PathValue("id"))
+	var conflict *sandbox.ConflictError
+	switch {
+	case err == nil:
+		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, sandbox.ErrNotFound):
+		e2bError(w, http.StatusNotFound, "template "+r.PathValue("id")+" not found")
+	case errors.As(err, &conflict):
+		e2bError(w, http.StatusConflict, conflict.Msg)
+	default:
+		s.log.Error("e2b delete snapshot", "err", err)
+		e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+	}
+}
+
+// e2bFork serves POST /sandboxes/{id}/fork: [{"sandbox": Sandbox}].
+func (s *Server) e2bFork(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Count   int    `json:"count"`
+		Timeout *int64 `json:"timeout"`
+	}
+	if !e2bBody(w, r, &req) {
+		return
+	}
+	if req.Count == 0 {
+		req.Count = 1
+	}
+	sbs, _, err := s.mgr.Fork(r.Context(), r.PathValue("id"), req.Count, req.Timeout)
+	if errors.Is(err, sandbox.ErrNotFound) {
+		e2bError(w, http.StatusNotFound, "sandbox "+r.PathValue("id")+" not found")
+		return
+	}
+	var inv *sandbox.InvalidError
+	if errors.As(err, &inv) {
+		e2bError(w, http.StatusBadRequest, inv.Msg)
+		return
+	}
+	out := []map[string]any{}
+	for _, sb := range sbs {
+		out = append(out, map[string]any{"sandbox": e2bSandboxOf(sb)})
+	}
+	if err != nil {
+		out = append(out, map[string]any{"error": map[string]any{"code": 500, "message": err.Error()}})
+	}
+	writeJSON(w, http.StatusCreated, out)
+}

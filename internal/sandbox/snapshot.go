@@ -1,0 +1,173 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/corralhq/corral/internal/store"
+)
+
+// SnapshotPrefix starts every snapshot id, so that a snapshot can be named
+// where a template is expected (E2B's create from a snapshot).
+const SnapshotPrefix = "snap-"
+
+// Snapshot limits.
+const (
+	MaxSnapshotName = 128
+	MaxForkCount    = 10
+)
+
+var snapshotNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]*$`)
+
+func snapLayers(sn *store.Snapshot) []string {
+	if sn == nil {
+		return nil
+	}
+	return sn.Layers
+}
+
+// Snapshot saves a live sandbox's writable layer as a new snapshot: the
+// sandbox is frozen for the copy and thawed after (a paused sandbox stays
+// paused). A sandbox started from the snapshot sees the same files.
+func (m *Manager) Snapshot(ctx context.Context, id, name string) (*store.Snapshot, error) {
+	if len(name) > MaxSnapshotName || (name != "" && !snapshotNameRe.MatchString(name)) {
+		return nil, invalid("snapshot name must be 1..%d characters of [A-Za-z0-9._:-]", MaxSnapshotName)
+	}
+	m.mu.Lock()
+	ls, ok := m.live[id]
+	ok = ok && !ls.ending
+	var rec store.Sandbox
+	if ok {
+		rec = *ls.rec
+	}
+	m.mu.Unlock()
+	if !ok {
+		return nil, ErrNotFound
+	}
+	if m.cfg.SnapshotDir == "" {
+		return nil, errors.New("snapshots are not configured")
+	}
+	snapID := SnapshotPrefix + newID()
+	layer := filepath.Join(m.cfg.SnapshotDir, snapID, "layer")
+	size, err := m.driver.Snapshot(ctx, id, layer)
+	if err != nil {
+		_ = os.RemoveAll(filepath.Dir(layer))
+		return nil, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	sn := &store.Snapshot{ID: snapID, Name: name, SandboxID: id, Template: rec.Template, Parent: rec.Snapshot,
+		Layers: []string{layer}, SizeBytes: size, CreatedAt: time.Now().UTC()}
+	if rec.Snapshot != "" {
+		parent, err := m.store.GetSnapshotAny(ctx, rec.Snapshot)
+		if err != nil {
+			_ = os.RemoveAll(filepath.Dir(layer))
+			return nil, fmt.Errorf("parent snapshot of %s: %w", id, err)
+		}
+		sn.Layers = append(sn.Layers, parent.Layers...)
+	}
+	if err := m.store.InsertSnapshot(ctx, sn); err != nil {
+		_ = os.RemoveAll(filepath.Dir(layer))
+		return nil, err
+	}
+	m.audit(id, "snapshot.created", map[string]any{"snapshot": snapID, "name": name, "bytes": size, "layers": len(sn.Layers)})
+	m.log.Info("snapshot created", "sandbox", id, "snapshot", snapID, "bytes", size)
+	return sn, nil
+}
+
+// DeleteSnapshot removes a snapshot. One that running sandboxes or other
+// snapshots still use is hidden at once (no new sandbox can start from
+// it) and its layer is removed by the reaper when nothing uses it any
+// more, as E2B does for templates in use.
+func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
+	if _, err := m.store.GetSnapshot(ctx, id); errors.Is(err, store.ErrNotFound) {
+		return ErrNotFound
+	} else if err != nil {
+		return err
+	}
+	if err := m.store.MarkSnapshotDeleted(ctx, id); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return ErrNotFound
+		}
+		return err
+	}
+	m.audit("", "snapshot.deleted", map[string]any{"snapshot": id})
+	m.purgeSnapshot(ctx, id)
+	return nil
+}
+
+// purgeSnapshot removes a snapshot marked deleted once nothing uses it,
+// then its parent if that was marked deleted too.
+func (m *Manager) purgeSnapshot(ctx context.Context, id string) {
+	if _, err := m.store.GetSnapshot(ctx, id); err == nil {
+		return // not marked deleted
+	}
+	sn, err := m.store.GetSnapshotAny(ctx, id)
+	if err != nil {
+		return
+	}
+	sbs, snaps, err := m.store.SnapshotUsers(ctx, id)
+	if err != nil || len(sbs) > 0 || len(snaps) > 0 {
+		return
+	}
+	if err := m.store.DeleteSnapshot(ctx, id); err != nil {
+		return
+	}
+	if len(sn.Layers) > 0 {
+		if err := os.RemoveAll(filepath.Dir(sn.Layers[0])); err != nil {
+			m.log.Error("remove snapshot layer", "snapshot", id, "err", err)
+		}
+	}
+	m.auditTask("", "", "snapshot.removed", map[string]any{"snapshot": id, "bytes": sn.SizeBytes})
+	if sn.Parent != "" {
+		m.purgeSnapshot(ctx, sn.Parent)
+	}
+}
+
+// purgeDeletedSnapshots is the reaper's pass over snapshots marked deleted.
+func (m *Manager) purgeDeletedSnapshots(ctx context.Context) {
+	ids, err := m.store.DeletedSnapshots(ctx)
+	if err != nil {
+		return
+	}
+	for _, id := range ids {
+		m.purgeSnapshot(ctx, id)
+	}
+}
+
+// Fork snapshots a live sandbox and starts count new sandboxes from the
+// snapshot with the same template, runtime, tier, resources, network
+// policy, secrets, metadata and task (env vars given at create are not
+// kept in the record, so they are not copied; processes are not copied).
+func (m *Manager) Fork(ctx context.Context, id string, count int, ttl *int64) ([]*store.Sandbox, *store.Snapshot, error) {
+	if count < 1 || count > MaxForkCount {
+		return nil, nil, invalid("count must be 1..%d", MaxForkCount)
+	}
+	parent, err := m.Get(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := m.Snapshot(ctx, id, "fork-"+id)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := parent.Resources
+	var out []*store.Sandbox
+	for i := 0; i < count; i++ {
+		req := CreateRequest{
+			Snapshot: sn.ID, Runtime: parent.Runtime, Tier: parent.Tier,
+			Resources: &ResourceRequest{CPU: r.CPU, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids, Nofile: r.Nofile},
+			Timeout:   ttl, Metadata: parent.Metadata, Network: parent.Network, Allow: parent.Egress.Allow,
+			Secrets: parent.Egress.Secrets, Task: parent.TaskID,
+		}
+		sb, err := m.Create(ctx, req)
+		if err != nil {
+			return out, sn, fmt.Errorf("fork %d of %d: %w", i+1, count, err)
+		}
+		out = append(out, sb)
+	}
+	return out, sn, nil
+}

@@ -1,0 +1,175 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Snapshot is a saved writable layer of a sandbox: a new sandbox started
+// from it sees the template with every layer of the chain on top.
+type Snapshot struct {
+	ID        string
+	Name      string
+	SandboxID string // the sandbox it was taken from
+	Template  string // the template at the bottom of the chain
+	Parent    string // the snapshot the sandbox was started from, or ""
+	// Layers are the layer directories, top-most first (this snapshot's
+	// own layer, then its parent's chain).
+	Layers    []string
+	SizeBytes int64 // this snapshot's own layer
+	CreatedAt time.Time
+}
+
+const snapshotCols = `id, name, sandbox_id, template, parent, layers, size_bytes, created_at`
+
+// InsertSnapshot records a snapshot.
+func (s *Store) InsertSnapshot(ctx context.Context, sn *Snapshot) error {
+	l, _ := json.Marshal(sn.Layers)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?)`,
+		sn.ID, sn.Name, sn.SandboxID, sn.Template, sn.Parent, string(l), sn.SizeBytes, ms(sn.CreatedAt))
+	if err != nil {
+		return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
+	}
+	return nil
+}
+
+// GetSnapshot returns the snapshot id (not one marked deleted).
+func (s *Store) GetSnapshot(ctx context.Context, id string) (*Snapshot, error) {
+	return s.getSnapshot(ctx, id, false)
+}
+
+// GetSnapshotAny returns the snapshot id even when it is marked deleted
+// (it may still be the parent of a live chain).
+func (s *Store) GetSnapshotAny(ctx context.Context, id string) (*Snapshot, error) {
+	return s.getSnapshot(ctx, id, true)
+}
+
+func (s *Store) getSnapshot(ctx context.Context, id string, any bool) (*Snapshot, error) {
+	q := `SELECT ` + snapshotCols + ` FROM snapshots WHERE id=?`
+	if !any {
+		q += ` AND deleted=0`
+	}
+	sn, err := scanSnapshot(s.db.QueryRowContext(ctx, q, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get snapshot %s: %w", id, err)
+	}
+	return sn, nil
+}
+
+// ListSnapshots returns snapshots, newest first; sandboxID and name filter
+// when not empty.
+func (s *Store) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*Snapshot, error) {
+	q := `SELECT ` + snapshotCols + ` FROM snapshots WHERE deleted=0`
+	var args []any
+	if sandboxID != "" {
+		q += ` AND sandbox_id=?`
+		args = append(args, sandboxID)
+	}
+	if name != "" {
+		q += ` AND name=?`
+		args = append(args, name)
+	}
+	rows, err := s.db.QueryContext(ctx, q+` ORDER BY created_at DESC, id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	defer rows.Close()
+	var out []*Snapshot
+	for rows.Next() {
+		sn, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list snapshots: %w", err)
+		}
+		out = append(out, sn)
+	}
+	return out, rows.Err()
+}
+
+// SnapshotUsers returns what still needs snapshot id: running or paused
+// sandboxes started from it and snapshots whose chain contains it.
+func (s *Store) SnapshotUsers(ctx context.Context, id string) (sandboxes, snapshots []string, err error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id FROM sandboxes WHERE snapshot=? AND state<>?`, id, StateEnded)
+	if err != nil {
+		return nil, nil, err
+	}
+	for rows.Next() {
+		var x string
+		if rows.Scan(&x) == nil {
+			sandboxes = append(sandboxes, x)
+		}
+	}
+	rows.Close()
+	rows, err = s.db.QueryContext(ctx, `SELECT id FROM snapshots WHERE parent=?`, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var x string
+		if rows.Scan(&x) == nil {
+			snapshots = append(snapshots, x)
+		}
+	}
+	return sandboxes, snapshots, rows.Err()
+}
+
+// MarkSnapshotDeleted hides snapshot id (no new sandbox can start from
+// it) while something still uses it; the reaper removes it later.
+func (s *Store) MarkSnapshotDeleted(ctx context.Context, id string) error {
+	r, err := s.db.ExecContext(ctx, `UPDATE snapshots SET deleted=1 WHERE id=? AND deleted=0`, id)
+	if err != nil {
+		return fmt.Errorf("mark snapshot %s deleted: %w", id, err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// DeletedSnapshots returns the ids of snapshots marked deleted.
+func (s *Store) DeletedSnapshots(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id FROM snapshots WHERE deleted=1`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if rows.Scan(&id) == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids, rows.Err()
+}
+
+// DeleteSnapshot removes the record of snapshot id.
+func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
+	r, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id=?`, id)
+	if err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", id, err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+func scanSnapshot(sc interface{ Scan(...any) error }) (*Snapshot, error) {
+	var sn Snapshot
+	var l string
+	var created int64
+	if err := sc.Scan(&sn.ID, &sn.Name, &sn.SandboxID, &sn.Template, &sn.Parent, &l, &sn.SizeBytes, &created); err != nil {
+		return nil, err
+	}
+	_ = json.Unmarshal([]byte(l), &sn.Layers)
+	sn.CreatedAt = time.UnixMilli(created).UTC()
+	return &sn, nil
+}
