@@ -155,6 +155,8 @@ type Manager struct {
 	tickets map[string]*govern.Ticket
 	// wd is the watchdog (SetWatchdog), nil until set.
 	wd atomic.Pointer[watchdog.Watchdog]
+	// pools are the warm pools.
+	pools pools
 
 	stop chan struct{}
 	done chan struct{}
@@ -181,7 +183,8 @@ func New(cfg Config, st *store.Store, d runtime.Driver, t TemplateSource, log *s
 		log = slog.Default()
 	}
 	m := &Manager{cfg: cfg, store: st, driver: d, templates: t, log: log,
-		live: map[string]*liveSandbox{}, tickets: map[string]*govern.Ticket{}, stop: make(chan struct{}), done: make(chan struct{})}
+		live: map[string]*liveSandbox{}, tickets: map[string]*govern.Ticket{},
+		pools: pools{byName: map[string]*pool{}, ids: map[string]bool{}}, stop: make(chan struct{}), done: make(chan struct{})}
 	go m.watch()
 	return m
 }
@@ -409,8 +412,21 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 			return nil, ErrCapacity
 		}
 	}
+	// A warm pool may already run a sandbox with these defaults.
+	var pd *pooled
+	if poolable(&req) {
+		if pd = m.takePooled(rec.Template); pd != nil {
+			rec.ID, rec.AccessToken = pd.id, pd.token
+		}
+	}
+	if pd == nil && m.capacityLeft() <= 0 {
+		m.evictOne() // idle pooled sandboxes give way to a user's
+	}
 	release, err := m.admit(ctx, &req, rec)
 	if err != nil {
+		if pd != nil {
+			go m.stopPooled(pd)
+		}
 		return nil, err
 	}
 	m.mu.Lock()
@@ -431,26 +447,30 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		m.audit(rec.ID, "sandbox.ended", map[string]any{"reason": EndError, "error": err.Error()})
 		return nil, fmt.Errorf("start sandbox %s: %w", rec.ID, err)
 	}
-	if err := m.prepareNetwork(rec, &rc, plan.policy, plan.secrets); err != nil {
-		return fail(err)
-	}
-	h, err := m.driver.Start(ctx, rc)
-	if err != nil {
-		return fail(err)
+	var pid int
+	if pd == nil {
+		if err := m.prepareNetwork(rec, &rc, plan.policy, plan.secrets); err != nil {
+			return fail(err)
+		}
+		h, err := m.driver.Start(ctx, rc)
+		if err != nil {
+			return fail(err)
+		}
+		pid = h.Pid
 	}
 	if err := m.activateNetwork(rec.ID, plan.policy, plan.secrets); err != nil {
 		_ = m.driver.Stop(context.WithoutCancel(ctx), rec.ID, 0)
 		return fail(err)
 	}
 	m.mu.Lock()
-	ls.pid = h.Pid
+	ls.pid = pid
 	ls.ending = false
 	ls.lastActive = time.Now()
 	ls.timer = time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(rec.ID) })
 	m.mu.Unlock()
-	m.log.Info("sandbox created", "id", rec.ID, "template", rec.Template, "runtime", rec.Runtime, "network", rec.Network, "task", rec.TaskID)
+	m.log.Info("sandbox created", "id", rec.ID, "template", rec.Template, "runtime", rec.Runtime, "network", rec.Network, "task", rec.TaskID, "pooled", pd != nil)
 	m.audit(rec.ID, "sandbox.created", map[string]any{
-		"agent":    req.Agent,
+		"agent": req.Agent, "from_pool": pd != nil,
 		"template": rec.Template, "runtime": rec.Runtime, "tier": rec.Tier, "resources": rec.Resources,
 		"network": rec.Network, "allow": rec.Egress.Allow, "secrets": rec.Egress.Secrets, "metadata": rec.Metadata,
 	})
@@ -821,6 +841,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		m.auditTask(id, "", "reaper.reclaimed", map[string]any{"what": "runtime state without a record", "reason": "no_record"})
 	}
 	m.restoreNetworks(ctx)
+	m.loadPools(ctx)
 	return nil
 }
 
@@ -885,6 +906,7 @@ func (m *Manager) watch() {
 			m.EndIfDead(context.Background(), id, 0)
 		}
 		m.chargeCPU()
+		go m.refillPools()
 		if reap++; time.Duration(reap)*m.cfg.WatchInterval >= ReapInterval {
 			reap = 0
 			m.Reap(context.Background())
@@ -908,6 +930,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	}
 	close(m.stop)
 	<-m.done
+	m.drainPools()
 	m.mu.Lock()
 	for _, ls := range m.live {
 		if ls.timer != nil {

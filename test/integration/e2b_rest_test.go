@@ -67,7 +67,10 @@ func TestE2BLegacyRoutes(t *testing.T) {
 		{"POST", "/sandboxes/nosuchsandbox/connect", env.key, `{"timeout":10}`, 404},
 		{"POST", "/sandboxes/nosuchsandbox/timeout", env.key, `{"timeout":10}`, 404},
 		{"GET", "/sandboxes/" + sb.SandboxID, "e2b_" + strings.Repeat("0", 40), "", 401},
-		{"POST", "/sandboxes/" + sb.SandboxID + "/snapshots", env.key, `{}`, 501},
+		{"POST", "/sandboxes/nosuchsandbox/snapshots", env.key, `{}`, 404},
+		{"POST", "/sandboxes/nosuchsandbox/fork", env.key, `{}`, 404},
+		{"DELETE", "/templates/snap-nosuchsnapshot", env.key, "", 404},
+		{"POST", "/v2/sandboxes", env.key, `{"templateID":"base","network":{"denyOut":["8.8.8.8"]}}`, 400},
 		{"POST", "/v2/sandboxes", env.key, `{"templateID":"nope"}`, 404},
 		{"POST", "/v2/sandboxes", env.key, `{"templateID":`, 400},
 	} {
