@@ -16,7 +16,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServeCmd(), newAgentCmd(), newShimCmd(), newTemplateCmd())
+	root.AddCommand(newServeCmd(), newAgentCmd(), newShimCmd())
 	addClientCommands(root)
 	if err := root.Execute(); err != nil {
 		var ec exitCoder

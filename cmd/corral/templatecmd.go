@@ -11,9 +11,9 @@ import (
 )
 
 // newTemplateCmd is `corral template`: local template management.
-func newTemplateCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "template", Short: "Manage templates on this host"}
-	var cache, data, mirror string
+func newTemplateCmd(g *clientGlobals) *cobra.Command {
+	cmd := &cobra.Command{Use: "template", Short: "Build, import, list, inspect and remove templates"}
+	var cache, mirror string
 	build := &cobra.Command{
 		Use:   "build-base",
 		Short: "Build the base template (once; cached by content) and register it as \"base\"",
@@ -30,6 +30,7 @@ debootstrap. corral serve runs this on first start.`,
 			if err != nil {
 				return err
 			}
+			data := firstNonEmpty(g.dataDir, os.Getenv("CORRAL_DATA"), "/var/lib/corral")
 			st, err := template.OpenStore(filepath.Join(data, "templates"))
 			if err != nil {
 				return err
@@ -42,8 +43,8 @@ debootstrap. corral serve runs this on first start.`,
 		},
 	}
 	build.Flags().StringVar(&cache, "template-cache", "", "template build cache (default /var/cache/corral/templates or $CORRAL_TEMPLATE_CACHE)")
-	build.Flags().StringVar(&data, "data", envOr("CORRAL_DATA", "/var/lib/corral"), "server data directory to register the template in")
 	build.Flags().StringVar(&mirror, "mirror", "", "Debian mirror (default "+template.DefaultMirror+")")
 	cmd.AddCommand(build)
+	addTemplateClientCmds(cmd, g)
 	return cmd
 }

@@ -114,6 +114,8 @@ type Config struct {
 	IdleTimeout time.Duration
 	// SnapshotDir holds snapshot layers ("" disables snapshots).
 	SnapshotDir string
+	// TemplateDir holds built and imported template versions.
+	TemplateDir string
 }
 
 func (c *Config) setDefaults() {
@@ -271,6 +273,35 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 	if req.Template != "" && !templateNameRe.MatchString(req.Template) {
 		return nil, rc, invalid("template %q is not a valid name", req.Template)
 	}
+	var snap *store.Snapshot
+	if req.Snapshot == "" && strings.HasPrefix(req.Template, SnapshotPrefix) {
+		// E2B starts a sandbox from a snapshot by naming it as the template.
+		req.Snapshot, req.Template = req.Template, ""
+	}
+	if req.Snapshot != "" {
+		sn, err := m.store.GetSnapshot(context.Background(), req.Snapshot)
+		if err != nil {
+			return nil, rc, invalid("snapshot %q not found", req.Snapshot)
+		}
+		if req.Template != "" && req.Template != sn.Template && req.Template != strings.SplitN(sn.Template, ":", 2)[0] {
+			return nil, rc, invalid("snapshot %s is of template %s, not %s", sn.ID, sn.Template, req.Template)
+		}
+		snap, req.Template = sn, sn.Template
+	}
+	if req.Template == "" {
+		req.Template = m.cfg.DefaultTemplate
+	}
+	tv, err := m.resolveTemplate(context.Background(), req.Template)
+	if err != nil {
+		return nil, rc, err
+	}
+	rootfs := tv.RootFS
+	if req.Runtime == "" {
+		req.Runtime = tv.Config.Runtime
+	}
+	if req.Tier == "" {
+		req.Tier = tv.Config.Tier
+	}
 	if req.Runtime == "" {
 		req.Runtime = string(runtime.Runc)
 	}
@@ -323,28 +354,6 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 			return nil, rc, invalid("metadata keys must be 1..%d bytes and values at most %d bytes", MaxMetadataKey, MaxMetadataValue)
 		}
 	}
-	var snap *store.Snapshot
-	if req.Snapshot == "" && strings.HasPrefix(req.Template, SnapshotPrefix) {
-		// E2B starts a sandbox from a snapshot by naming it as the template.
-		req.Snapshot, req.Template = req.Template, ""
-	}
-	if req.Snapshot != "" {
-		sn, err := m.store.GetSnapshot(context.Background(), req.Snapshot)
-		if err != nil {
-			return nil, rc, invalid("snapshot %q not found", req.Snapshot)
-		}
-		if req.Template != "" && req.Template != sn.Template {
-			return nil, rc, invalid("snapshot %s is of template %s, not %s", sn.ID, sn.Template, req.Template)
-		}
-		snap, req.Template = sn, sn.Template
-	}
-	if req.Template == "" {
-		req.Template = m.cfg.DefaultTemplate
-	}
-	rootfs, err := m.templates.RootFS(req.Template)
-	if err != nil {
-		return nil, rc, invalid("template %q: %v", req.Template, err)
-	}
 	now := time.Now().UTC()
 	rec := &store.Sandbox{
 		ID: newID(), AccessToken: newToken(), Template: req.Template, Runtime: req.Runtime, Tier: req.Tier,
@@ -354,16 +363,23 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 	if snap != nil {
 		rec.Snapshot = snap.ID
 	}
+	rec.TemplateVersion = tv.Ref()
+	if tv.Version == "" {
+		rec.TemplateVersion = ""
+	}
 	_, sudoErr := os.Stat(filepath.Join(rootfs, "usr/bin/sudo"))
 	// Every process sees that it runs in a sandbox (E2B_SANDBOX as envd
 	// sets it, so code written for E2B detects it too); the caller's env
 	// wins over these.
 	env := map[string]string{"E2B_SANDBOX": "true", "CORRAL_SANDBOX": "true"}
+	for k, v := range tv.Config.Env {
+		env[k] = v
+	}
 	for k, v := range req.Env {
 		env[k] = v
 	}
 	rc = runtime.Config{
-		ID: rec.ID, Runtime: runtime.Runtime(req.Runtime), RootFS: rootfs, Layers: snapLayers(snap),
+		ID: rec.ID, Runtime: runtime.Runtime(req.Runtime), RootFS: rootfs, Layers: append(snapLayers(snap), tv.Layers...),
 		Resources: runtime.Resources{
 			CPU: res.CPU, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20,
 			Pids: res.Pids, Nofile: res.Nofile,
@@ -415,7 +431,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	// A warm pool may already run a sandbox with these defaults.
 	var pd *pooled
 	if poolable(&req) {
-		if pd = m.takePooled(rec.Template); pd != nil {
+		if pd = m.takePooled(rec.Template, rec.TemplateVersion); pd != nil {
 			rec.ID, rec.AccessToken = pd.id, pd.token
 		}
 	}
@@ -476,6 +492,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	})
 	for _, w := range rec.Warnings {
 		m.audit(rec.ID, "sandbox.warning", map[string]any{"warning": w})
+	}
+	if rec.TemplateVersion != "" {
+		if tv, err := m.resolveTemplate(ctx, rec.TemplateVersion); err == nil && tv.Config.Start != "" {
+			m.startTemplateCommand(rec.ID, tv.Config)
+		}
 	}
 	return rec, nil
 }

@@ -102,8 +102,8 @@ func (m *Manager) SetPool(ctx context.Context, c PoolConfig) (PoolStats, error) 
 	if !templateNameRe.MatchString(c.Template) || strings.HasPrefix(c.Template, SnapshotPrefix) {
 		return PoolStats{}, invalid("template %q is not a valid template name", c.Template)
 	}
-	if _, err := m.templates.RootFS(c.Template); err != nil {
-		return PoolStats{}, invalid("template %q: %v", c.Template, err)
+	if _, err := m.resolveTemplate(ctx, c.Template); err != nil {
+		return PoolStats{}, err
 	}
 	if c.Max == 0 {
 		c.Max = c.Min
@@ -179,9 +179,10 @@ func (m *Manager) loadPools(ctx context.Context) {
 	m.pools.mu.Unlock()
 }
 
-// takePooled hands out an idle pooled sandbox of template, if any. On a
-// miss the pool's target grows (up to its max).
-func (m *Manager) takePooled(template string) *pooled {
+// takePooled hands out an idle pooled sandbox of template, if any, that
+// runs version (the template's current version; older ones are dropped).
+// On a miss the pool's target grows (up to its max).
+func (m *Manager) takePooled(template, version string) *pooled {
 	m.pools.mu.Lock()
 	defer m.pools.mu.Unlock()
 	p := m.pools.byName[template]
@@ -192,7 +193,7 @@ func (m *Manager) takePooled(template string) *pooled {
 		pd := p.idle[0]
 		p.idle = p.idle[1:]
 		delete(m.pools.ids, pd.id)
-		if m.driver.Alive(pd.id) {
+		if pd.rec.TemplateVersion == version && m.driver.Alive(pd.id) {
 			p.stats.Hits++
 			return pd
 		}

@@ -59,7 +59,11 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*store.Snapsho
 		_ = os.RemoveAll(filepath.Dir(layer))
 		return nil, fmt.Errorf("snapshot %s: %w", id, err)
 	}
-	sn := &store.Snapshot{ID: snapID, Name: name, SandboxID: id, Template: rec.Template, Parent: rec.Snapshot,
+	tmpl := rec.Template
+	if rec.TemplateVersion != "" {
+		tmpl = rec.TemplateVersion // a snapshot pins the exact template version
+	}
+	sn := &store.Snapshot{ID: snapID, Name: name, SandboxID: id, Template: tmpl, Parent: rec.Snapshot,
 		Layers: []string{layer}, SizeBytes: size, CreatedAt: time.Now().UTC()}
 	if rec.Snapshot != "" {
 		parent, err := m.store.GetSnapshotAny(ctx, rec.Snapshot)

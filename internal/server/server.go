@@ -180,6 +180,10 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
+	if err := registerBase(ctx, st, tmpl); err != nil {
+		st.Close()
+		return nil, err
+	}
 	agentBin, err := installAgent(cfg.AgentBinary, cfg.DataDir)
 	if err != nil {
 		st.Close()
@@ -225,6 +229,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 		IdleTimeout: cfg.IdleTimeout, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
+		TemplateDir: filepath.Join(cfg.DataDir, "template-versions"),
 	}, st, drv, templateSource{tmpl}, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
 	mgr.SetWatchdog(wd)
@@ -403,6 +408,22 @@ func ensureBase(ctx context.Context, cfg Config) (*template.Store, error) {
 		return nil, err
 	}
 	return ts, nil
+}
+
+// registerBase records the base template's build as a version of "base"
+// (current when base has no current version yet).
+func registerBase(ctx context.Context, st *store.Store, ts *template.Store) error {
+	t, err := ts.Resolve("base")
+	if err != nil {
+		return err
+	}
+	if _, err := st.GetTemplateVersion(ctx, "base", t.Version); err == nil {
+		return nil
+	}
+	_, curErr := st.GetTemplateVersion(ctx, "base", "")
+	tv := &store.TemplateVersion{Name: "base", Version: t.Version, Digest: "sha256:" + t.Digest, Source: "debootstrap",
+		RootFS: t.RootFS, SizeBytes: t.Size, BuildLog: filepath.Join(t.Dir, template.BuildLogFile), CreatedAt: t.Created}
+	return st.InsertTemplateVersion(ctx, tv, curErr != nil)
 }
 
 // installAgent copies the running (static) binary into the data dir, from

@@ -86,6 +86,21 @@ CREATE TABLE IF NOT EXISTS snapshots (
 	size_bytes INTEGER NOT NULL,
 	created_at INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS template_versions (
+	name TEXT NOT NULL,
+	version TEXT NOT NULL,
+	digest TEXT NOT NULL,
+	parent TEXT NOT NULL DEFAULT '',
+	source TEXT NOT NULL,
+	rootfs TEXT NOT NULL,
+	layers TEXT NOT NULL DEFAULT '[]',
+	config TEXT NOT NULL DEFAULT '{}',
+	size_bytes INTEGER NOT NULL,
+	build_log TEXT NOT NULL DEFAULT '',
+	created_at INTEGER NOT NULL,
+	current INTEGER NOT NULL DEFAULT 0,
+	PRIMARY KEY (name, version)
+);
 CREATE TABLE IF NOT EXISTS pools (
 	template TEXT PRIMARY KEY,
 	min INTEGER NOT NULL,
@@ -166,6 +181,7 @@ var addedColumns = []struct{ table, column, def string }{
 	{"sandboxes", "task_id", "TEXT NOT NULL DEFAULT ''"},
 	{"sandboxes", "snapshot", "TEXT NOT NULL DEFAULT ''"},
 	{"snapshots", "deleted", "INTEGER NOT NULL DEFAULT 0"},
+	{"sandboxes", "template_version", "TEXT NOT NULL DEFAULT ''"},
 }
 
 func addColumns(db *sql.DB) error {
@@ -228,6 +244,9 @@ type Sandbox struct {
 	// Snapshot is the snapshot the sandbox was started from ("" = the
 	// template itself).
 	Snapshot string
+	// TemplateVersion is the exact template version ("name:version") the
+	// sandbox runs; a later build of the name does not change it.
+	TemplateVersion string
 	// Warnings are returned by create and recorded in the audit log; they
 	// are not stored with the record.
 	Warnings []string
@@ -249,10 +268,10 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	meta, _ := json.Marshal(orEmpty(sb.Metadata))
 	eg, _ := json.Marshal(sb.Egress)
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
-		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
-		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID, sb.Snapshot)
+		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID, sb.Snapshot, sb.TemplateVersion)
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
@@ -315,7 +334,7 @@ func (s *Store) SetState(ctx context.Context, id, state string, expires time.Tim
 	return nil
 }
 
-const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot`
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version`
 
 func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
@@ -323,7 +342,7 @@ func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var ctMS, created, expires int64
 	var ended sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
-		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot); err != nil {
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(eg), &sb.Egress)

@@ -1,0 +1,119 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
+)
+
+// templateView is a template version as the API reports it.
+type templateView struct {
+	Name      string               `json:"name"`
+	Version   string               `json:"version"`
+	Ref       string               `json:"ref"`
+	Digest    string               `json:"digest"`
+	Parent    string               `json:"parent"`
+	Source    string               `json:"source"`
+	SizeBytes int64                `json:"size_bytes"`
+	Layers    int                  `json:"layers"`
+	Current   bool                 `json:"current"`
+	Config    store.TemplateConfig `json:"config"`
+	CreatedAt string               `json:"created_at"`
+}
+
+func templateOut(t *store.TemplateVersion) templateView {
+	return templateView{Name: t.Name, Version: t.Version, Ref: t.Ref(), Digest: t.Digest, Parent: t.Parent, Source: t.Source,
+		SizeBytes: t.SizeBytes, Layers: 1 + len(t.Layers), Current: t.Current, Config: t.Config, CreatedAt: ts(t.CreatedAt)}
+}
+
+func (s *Server) templateErr(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, sandbox.ErrTemplateNotFound) {
+		writeError(w, http.StatusNotFound, CodeNotFound, "template not found")
+		return
+	}
+	s.writeErr(w, r, err)
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
+	list, err := s.mgr.Templates(r.Context(), r.URL.Query().Get("name"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := make([]templateView, 0, len(list))
+	for _, t := range list {
+		out = append(out, templateOut(t))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
+}
+
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
+	t, err := s.mgr.TemplateVersion(r.Context(), r.PathValue("ref"))
+	if err != nil {
+		s.templateErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, templateOut(t))
+}
+
+func (s *Server) useTemplate(w http.ResponseWriter, r *http.Request) {
+	t, err := s.mgr.UseTemplate(r.Context(), r.PathValue("ref"))
+	if err != nil {
+		s.templateErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, templateOut(t))
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	if err := s.mgr.DeleteTemplate(r.Context(), r.PathValue("ref")); err != nil {
+		s.templateErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// buildTemplate serves POST /v1/templates/builds: the body is a
+// TemplateSpec; the answer streams JSON Lines: {"log": "..."} per line of
+// progress, then {"template": {...}} or {"error": {"code", "message"}}.
+func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, sandbox.MaxSpecFileBytes*2)
+	var spec sandbox.TemplateSpec
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&spec); err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "invalid spec: "+err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/jsonl")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	emit := func(v any) {
+		_ = enc.Encode(v)
+		_ = rc.Flush()
+	}
+	tv, err := s.mgr.BuildTemplate(r.Context(), spec, func(line string) { emit(map[string]string{"log": line}) })
+	if err != nil {
+		code := CodeInternal
+		var inv *sandbox.InvalidError
+		var conflict *sandbox.ConflictError
+		var be *sandbox.BuildError
+		switch {
+		case errors.As(err, &inv):
+			code = CodeInvalidArgument
+		case errors.As(err, &conflict):
+			code = CodeConflict
+		case errors.As(err, &be):
+			code = "build_failed"
+		default:
+			s.log.Error("template build", "err", err)
+		}
+		emit(map[string]any{"error": apiError{Code: code, Message: err.Error()}})
+		return
+	}
+	emit(map[string]any{"template": templateOut(tv)})
+}

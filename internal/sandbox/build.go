@@ -1,0 +1,412 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/proto/process"
+)
+
+// Build limits.
+const (
+	MaxSpecFiles     = 256
+	MaxSpecFileBytes = 32 << 20 // all files together
+	MaxSpecCommands  = 64
+	MaxSpecPackages  = 256
+	// BuildCommandTimeout bounds one build command.
+	BuildCommandTimeout = 30 * time.Minute
+)
+
+// DebianMirrors are the names a build that installs packages may reach.
+var DebianMirrors = []string{"deb.debian.org", "security.debian.org"}
+
+// TemplateSpec describes a template build (docs/environments.md).
+type TemplateSpec struct {
+	Name     string            `json:"name"`
+	Version  string            `json:"version,omitempty"`
+	Base     string            `json:"base,omitempty"` // template[:version]; "debian:bookworm" means base
+	Packages []string          `json:"packages,omitempty"`
+	Files    []SpecFile        `json:"files,omitempty"`
+	Run      []SpecCommand     `json:"run,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	Workdir  string            `json:"workdir,omitempty"`
+	Runtime  string            `json:"runtime,omitempty"`
+	Tier     string            `json:"tier,omitempty"`
+	Start    string            `json:"start,omitempty"`
+	// Allow is what the build may reach besides the Debian mirrors
+	// (added when Packages is not empty).
+	Allow []string `json:"allow,omitempty"`
+}
+
+// SpecFile is a file copied into the template.
+type SpecFile struct {
+	Path          string `json:"path"`
+	ContentBase64 string `json:"content_base64"`
+	Mode          string `json:"mode,omitempty"`  // octal, default 0644
+	Owner         string `json:"owner,omitempty"` // user name, default root
+}
+
+// SpecCommand is a command run during the build.
+type SpecCommand struct {
+	Command string `json:"command"`
+	User    string `json:"user,omitempty"` // root (default) or user
+}
+
+var (
+	tmplNameRe    = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	tmplVersionRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	pkgRe         = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]*(=[A-Za-z0-9.+:~-]+)?$`)
+)
+
+// checkSpec validates a spec; it changes nothing.
+func checkSpec(s *TemplateSpec) error {
+	if !tmplNameRe.MatchString(s.Name) || strings.HasPrefix(s.Name, SnapshotPrefix) {
+		return invalid("template name %q: use [a-z0-9._-], starting with a letter or digit", s.Name)
+	}
+	if s.Version != "" && !tmplVersionRe.MatchString(s.Version) {
+		return invalid("template version %q: use [a-z0-9._-]", s.Version)
+	}
+	if len(s.Packages) > MaxSpecPackages || len(s.Files) > MaxSpecFiles || len(s.Run) > MaxSpecCommands {
+		return invalid("a spec has at most %d packages, %d files and %d commands", MaxSpecPackages, MaxSpecFiles, MaxSpecCommands)
+	}
+	for _, p := range s.Packages {
+		if !pkgRe.MatchString(p) {
+			return invalid("package %q is not a Debian package name", p)
+		}
+	}
+	total := 0
+	for _, f := range s.Files {
+		if !filepath.IsAbs(f.Path) || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
+			return invalid("file path %q must be absolute and clean", f.Path)
+		}
+		total += len(f.ContentBase64) * 3 / 4
+		if f.Mode != "" {
+			if m, err := strconv.ParseUint(f.Mode, 8, 32); err != nil || m > 0o7777 {
+				return invalid("file %s: mode %q is not octal permission bits", f.Path, f.Mode)
+			}
+		}
+		if f.Owner != "" && f.Owner != "root" && f.Owner != "user" {
+			return invalid("file %s: owner must be root or user", f.Path)
+		}
+	}
+	if total > MaxSpecFileBytes {
+		return invalid("files exceed %d bytes", MaxSpecFileBytes)
+	}
+	for _, c := range s.Run {
+		if strings.TrimSpace(c.Command) == "" || len(c.Command) > 64<<10 {
+			return invalid("a run command must be 1 byte to 64 KiB")
+		}
+		if c.User != "" && c.User != "root" && c.User != "user" {
+			return invalid("run user must be root or user")
+		}
+	}
+	for k := range s.Env {
+		if !envNameRe.MatchString(k) {
+			return invalid("env var name %q is not valid", k)
+		}
+	}
+	if s.Workdir != "" && !filepath.IsAbs(s.Workdir) {
+		return invalid("workdir must be absolute")
+	}
+	if s.Runtime != "" && s.Runtime != "runc" && s.Runtime != "gvisor" {
+		return invalid("runtime must be runc or gvisor")
+	}
+	if _, ok := Tiers[s.Tier]; s.Tier != "" && !ok {
+		return invalid("tier must be light, medium or heavy")
+	}
+	return nil
+}
+
+// BuildTemplate builds a new template version from spec inside a sandbox
+// of its base: files are written, packages installed (with egress only to
+// the Debian mirrors and spec.Allow), commands run; then the sandbox's
+// writable layer becomes the version's layer on top of the base's. Output
+// goes to progress line by line. A failed build registers nothing.
+func (m *Manager) BuildTemplate(ctx context.Context, spec TemplateSpec, progress func(string)) (tv *store.TemplateVersion, err error) {
+	if progress == nil {
+		progress = func(string) {}
+	}
+	if err := checkSpec(&spec); err != nil {
+		return nil, err
+	}
+	if spec.Base == "" || spec.Base == "debian:bookworm" {
+		spec.Base = "base"
+	}
+	base, err := m.resolveTemplate(ctx, spec.Base)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Version == "" {
+		spec.Version = time.Now().UTC().Format("20060102-150405")
+	}
+	if _, err := m.store.GetTemplateVersion(ctx, spec.Name, spec.Version); err == nil {
+		return nil, &ConflictError{Msg: fmt.Sprintf("template %s:%s exists; templates are immutable, pick a new version", spec.Name, spec.Version)}
+	}
+	if m.cfg.TemplateDir == "" {
+		return nil, errors.New("template builds are not configured")
+	}
+	dir := filepath.Join(m.cfg.TemplateDir, spec.Name, spec.Version)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("template build dir: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	logf, err := os.OpenFile(filepath.Join(dir, "build.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	say := func(format string, args ...any) {
+		line := fmt.Sprintf(format, args...)
+		fmt.Fprintln(logf, line)
+		progress(line)
+	}
+	steps := 2 + len(spec.Run)
+	if len(spec.Files) > 0 {
+		steps++
+	}
+	if len(spec.Packages) > 0 {
+		steps++
+	}
+	step := 0
+	next := func(what string) { step++; say("[%d/%d] %s", step, steps, what) }
+
+	// The build sandbox: its own task (builds make many calls), egress
+	// only where the spec needs it.
+	req := CreateRequest{Template: base.Ref(), Tier: "medium", Timeout: ptr(int64(2 * time.Hour / time.Second)),
+		Metadata: map[string]string{"corral": "template-build", "template": spec.Name + ":" + spec.Version}, Agent: "corral-template-build"}
+	if base.Version == "" {
+		req.Template = base.Name
+	}
+	allow := append([]string{}, spec.Allow...)
+	if len(spec.Packages) > 0 {
+		allow = append(allow, DebianMirrors...)
+	}
+	if len(allow) > 0 {
+		req.Network, req.Allow = "allow", allow
+	}
+	if m.cfg.Governor != nil {
+		t, err := m.cfg.Governor.Create(ctx, govern.TaskRequest{Agent: "corral-template-build", MaxCalls: 1000, MaxDurationS: 7200, MaxSandboxes: 1})
+		if err != nil {
+			return nil, err
+		}
+		req.Task = t.ID
+		defer m.cfg.Governor.EndTask(context.WithoutCancel(ctx), t.ID)
+	}
+	next("start a build sandbox from " + req.Template)
+	sb, err := m.Create(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("start build sandbox: %w", err)
+	}
+	defer func() { _, _ = m.Kill(context.WithoutCancel(ctx), sb.ID) }()
+
+	if len(spec.Files) > 0 {
+		next(fmt.Sprintf("copy %d files", len(spec.Files)))
+		for _, f := range spec.Files {
+			data, err := base64.StdEncoding.DecodeString(f.ContentBase64)
+			if err != nil {
+				return nil, invalid("file %s: content is not base64", f.Path)
+			}
+			if err := m.writeFile(ctx, sb.ID, f.Path, data); err != nil {
+				return nil, fmt.Errorf("copy %s: %w", f.Path, err)
+			}
+			mode, owner := f.Mode, f.Owner
+			if mode == "" {
+				mode = "0644"
+			}
+			if owner == "" {
+				owner = "root"
+			}
+			if err := m.buildRun(ctx, sb.ID, fmt.Sprintf("chown %s:%s %s && chmod %s %s", owner, owner, shellQuote(f.Path), mode, shellQuote(f.Path)), "root", say); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(spec.Packages) > 0 {
+		next("install packages: " + strings.Join(spec.Packages, " "))
+		cmd := "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends " + strings.Join(spec.Packages, " ") + " && apt-get clean && rm -rf /var/lib/apt/lists/*"
+		if err := m.buildRun(ctx, sb.ID, cmd, "root", say); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range spec.Run {
+		next("run: " + clipCommand(c.Command))
+		user := c.User
+		if user == "" {
+			user = "root"
+		}
+		if err := m.buildRun(ctx, sb.ID, c.Command, user, say); err != nil {
+			return nil, err
+		}
+	}
+	next("save the layer")
+	layer := filepath.Join(dir, "layer")
+	size, err := m.driver.Snapshot(ctx, sb.ID, layer)
+	if err != nil {
+		return nil, fmt.Errorf("save layer: %w", err)
+	}
+	digest, err := layerDigest(base.Digest, layer)
+	if err != nil {
+		return nil, err
+	}
+	tv = &store.TemplateVersion{Name: spec.Name, Version: spec.Version, Digest: digest, Parent: base.Ref(), Source: "build",
+		RootFS: base.RootFS, Layers: append([]string{layer}, base.Layers...), SizeBytes: base.SizeBytes + size,
+		BuildLog: filepath.Join(dir, "build.log"), CreatedAt: time.Now().UTC(),
+		Config: store.TemplateConfig{Env: spec.Env, Workdir: spec.Workdir, Start: spec.Start, Runtime: spec.Runtime, Tier: spec.Tier}}
+	if base.Version == "" {
+		tv.Parent = base.Name
+	}
+	if err := m.store.InsertTemplateVersion(ctx, tv, true); err != nil {
+		return nil, err
+	}
+	m.audit("", "template.built", map[string]any{"template": tv.Ref(), "parent": tv.Parent, "digest": digest, "bytes": size})
+	say("built %s (%s, layer %d bytes)", tv.Ref(), digest[:19], size)
+	return tv, nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// buildRun runs one build command, streaming its output; a non-zero exit
+// fails the build.
+func (m *Manager) buildRun(ctx context.Context, id, command, user string, say func(string, ...any)) error {
+	p, err := m.StartProcess(ctx, id, &process.StartRequest{Process: &process.ProcessConfig{
+		Cmd: "/bin/bash", Args: []string{"-l", "-c", command}}}, user, BuildCommandTimeout)
+	if err != nil {
+		return fmt.Errorf("start %q: %w", clipCommand(command), err)
+	}
+	defer p.Close()
+	var partial bytes.Buffer
+	flush := func(b []byte, final bool) {
+		partial.Write(b)
+		for {
+			line, err := partial.ReadString('\n')
+			if err != nil {
+				if final && line != "" {
+					say("  %s", line)
+				} else {
+					partial.WriteString(line)
+				}
+				return
+			}
+			say("  %s", strings.TrimRight(line, "\n"))
+		}
+	}
+	for {
+		msg, err := p.Receive()
+		if err != nil || msg == nil {
+			return fmt.Errorf("%q: the command's stream broke: %v", clipCommand(command), err)
+		}
+		ev := msg.GetEvent()
+		if d := ev.GetData(); d != nil {
+			flush(append(d.GetStdout(), d.GetStderr()...), false)
+		}
+		if end := ev.GetEnd(); end != nil {
+			flush(nil, true)
+			if !end.GetExited() || end.GetExitCode() != 0 {
+				return &BuildError{Command: command, ExitCode: int(end.GetExitCode()), Status: end.GetStatus()}
+			}
+			return nil
+		}
+	}
+}
+
+// BuildError is a build command that failed.
+type BuildError struct {
+	Command  string
+	ExitCode int
+	Status   string
+}
+
+func (e *BuildError) Error() string {
+	return fmt.Sprintf("build command %q failed: %s (exit %d)", clipCommand(e.Command), e.Status, e.ExitCode)
+}
+
+// writeFile writes data at path in sandbox id as root through the agent.
+func (m *Manager) writeFile(ctx context.Context, id, path string, data []byte) error {
+	u := "http://agent/files?path=" + url.QueryEscape(path) + "&username=root"
+	req, err := http.NewRequestWithContext(ctx, "POST", u, bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := m.AgentHTTP(id).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("agent answered %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	return nil
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// layerDigest is the content digest of a layer on top of a parent digest:
+// sha256 over the parent digest and, for every path in order, its type,
+// mode, owner, size, link target and content.
+func layerDigest(parent, dir string) (string, error) {
+	h := sha256.New()
+	io.WriteString(h, parent+"\n")
+	var paths []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		paths = append(paths, p)
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return "", err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		fmt.Fprintf(h, "%s %o %d\n", rel, fi.Mode(), fi.Size())
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			t, _ := os.Readlink(p)
+			io.WriteString(h, t+"\n")
+		case fi.Mode().IsRegular():
+			f, err := os.Open(p)
+			if err != nil {
+				return "", err
+			}
+			_, err = io.Copy(h, f)
+			f.Close()
+			if err != nil {
+				return "", err
+			}
+		}
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
