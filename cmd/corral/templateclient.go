@@ -206,5 +206,97 @@ nothing. The new version becomes the template's current version.`,
 			return nil
 		},
 	}
-	cmd.AddCommand(build, ls, use, rm)
+	var layout string
+	imp := &cobra.Command{
+		Use:   "import NAME:VERSION FILE.tar | --layout DIR",
+		Short: "Import a docker-save or OCI image tarball (or an OCI layout on the server's host)",
+		Example: `  docker save python:3.12-slim > py.tar && corral template import py:3.12 py.tar
+  corral template import py:3.12 --layout /srv/images/py`,
+		Args: argsRange(1, 2, "NAME:VERSION and a tarball"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			var res *corral.ImportedTemplate
+			switch {
+			case layout != "" && len(args) == 1:
+				abs, _ := filepath.Abs(layout)
+				res, err = c.ImportTemplateLayout(ctx, args[0], abs)
+			case layout == "" && len(args) == 2:
+				f, ferr := os.Open(args[1])
+				if ferr != nil {
+					return usageError(cmd, "%v", ferr)
+				}
+				defer f.Close()
+				res, err = c.ImportTemplate(ctx, args[0], f)
+			default:
+				return usageError(cmd, "give a tarball or --layout DIR")
+			}
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			fmt.Fprint(os.Stderr, res.Log)
+			fmt.Println(res.Template.Ref)
+			return nil
+		},
+	}
+	imp.Flags().StringVar(&layout, "layout", "", "an OCI image layout directory on the server's host")
+	var insecure bool
+	pull := &cobra.Command{
+		Use:     "pull NAME:VERSION IMAGE",
+		Short:   "Import an image from a registry the server can reach",
+		Example: "  corral template pull py:3.12 registry.example.com/python:3.12-slim",
+		Args:    argsRange(2, 2, "NAME:VERSION and an image reference"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			res, err := c.PullTemplate(ctx, args[0], args[1], insecure)
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			fmt.Fprint(os.Stderr, res.Log)
+			fmt.Println(res.Template.Ref)
+			return nil
+		},
+	}
+	pull.Flags().BoolVar(&insecure, "insecure", false, "allow a plain-HTTP registry")
+	var top int
+	var inspJSON bool
+	inspect := &cobra.Command{
+		Use:   "inspect NAME[:VERSION] [--top N] [--json]",
+		Short: "Show a template's size by layer and its largest files",
+		Args:  argsRange(1, 1, "a template"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			layers, err := c.InspectTemplate(ctx, args[0], top)
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			if inspJSON {
+				return printJSON(layers)
+			}
+			for _, l := range layers {
+				fmt.Printf("%s: %d files, %.1f MB\n", l.Layer, l.Files, float64(l.Bytes)/(1<<20))
+				for _, p := range l.Largest {
+					fmt.Printf("  %10.1f MB  %s\n", float64(p.Bytes)/(1<<20), p.Path)
+				}
+			}
+			return nil
+		},
+	}
+	inspect.Flags().IntVar(&top, "top", 10, "largest files per layer")
+	inspect.Flags().BoolVar(&inspJSON, "json", false, "print JSON")
+	cmd.AddCommand(build, ls, use, rm, imp, pull, inspect)
 }

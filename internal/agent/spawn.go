@@ -68,6 +68,11 @@ func (s *Server) prepare(req *pb.StartRequest, u *user) (*spawnSpec, error) {
 	}
 
 	dir := u.Home
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		// A home that does not exist (images without one) is not the
+		// caller's mistake: start in /.
+		dir = "/"
+	}
 	if cfg.Cwd != nil && cfg.GetCwd() != "" {
 		d, err := rpcPath(cfg.GetCwd(), u)
 		if err != nil {

@@ -3,10 +3,15 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"os"
+	"strconv"
+	"strings"
 
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template"
 )
 
 // templateView is a template version as the API reports it.
@@ -116,4 +121,77 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	emit(map[string]any{"template": templateOut(tv)})
+}
+
+// MaxImportBytes bounds an uploaded image tarball.
+const MaxImportBytes = 8 << 30
+
+// importTemplate serves POST /v1/templates/import?ref=NAME:VERSION. The
+// body is a `docker save` / OCI image tarball (Content-Type
+// application/x-tar), or JSON {"image": REF, "insecure": bool} to pull from
+// a registry, or {"layout": DIR} for an OCI layout directory on the
+// server's host.
+func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
+	ref := r.URL.Query().Get("ref")
+	var src template.ImportSource
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+		var req struct {
+			Ref      string `json:"ref"`
+			Image    string `json:"image"`
+			Insecure bool   `json:"insecure"`
+			Layout   string `json:"layout"`
+		}
+		if !decodeJSON(w, r, &req) {
+			return
+		}
+		if req.Ref != "" {
+			ref = req.Ref
+		}
+		src = template.ImportSource{Ref: req.Image, Insecure: req.Insecure, Layout: req.Layout}
+		if (req.Image == "") == (req.Layout == "") {
+			writeError(w, http.StatusBadRequest, CodeInvalidArgument, "give image (a registry reference) or layout (a directory on the server)")
+			return
+		}
+	} else {
+		tmp, err := os.CreateTemp("", "corral-import-*.tar")
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		defer os.Remove(tmp.Name())
+		_, err = io.Copy(tmp, http.MaxBytesReader(w, r.Body, MaxImportBytes))
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			writeError(w, http.StatusBadRequest, CodeInvalidArgument, "reading the image tarball: "+err.Error())
+			return
+		}
+		src = template.ImportSource{Tarball: tmp.Name()}
+	}
+	var log strings.Builder
+	tv, err := s.mgr.ImportTemplate(r.Context(), ref, src, &log)
+	if err != nil {
+		s.templateErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"template": templateOut(tv), "log": log.String()})
+}
+
+// inspectTemplate serves GET /v1/templates/{ref}/inspect?top=N: size by
+// layer and each layer's largest files.
+func (s *Server) inspectTemplate(w http.ResponseWriter, r *http.Request) {
+	n := 20
+	if v, err := strconv.Atoi(r.URL.Query().Get("top")); err == nil && v > 0 && v <= 1000 {
+		n = v
+	}
+	layers, image, err := s.mgr.InspectTemplate(r.Context(), r.PathValue("ref"), n)
+	if err != nil {
+		s.templateErr(w, r, err)
+		return
+	}
+	if image == nil {
+		image = []template.LayerInfo{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"layers": layers, "image_layers": image})
 }

@@ -386,7 +386,7 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		},
 		Env:             env,
 		NoNewPrivileges: sudoErr != nil,
-		DefaultUser:     "user",
+		DefaultUser:     firstNonEmpty(tv.Config.User, "user"),
 		AccessToken:     rec.AccessToken,
 	}
 	return rec, rc, nil
@@ -967,4 +967,13 @@ func (m *Manager) Dial(ctx context.Context, id string) (netConn, error) {
 		return nil, ErrNotFound
 	}
 	return m.driver.Dial(ctx, id)
+}
+
+func firstNonEmpty(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
 }

@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
+	"time"
 
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template"
 	"github.com/corralhq/corral/proto/process"
 )
 
@@ -148,4 +153,105 @@ func (m *Manager) DeleteTemplate(ctx context.Context, ref string) error {
 	}
 	m.audit("", "template.deleted", map[string]any{"template": ref})
 	return nil
+}
+
+// ImportTemplate imports an OCI image (docker-save tarball, OCI layout or
+// registry reference) as template version name:version and makes it
+// current. The image's env and working directory become the template's
+// defaults; an image without the user "user" runs commands as root.
+func (m *Manager) ImportTemplate(ctx context.Context, ref string, src template.ImportSource, progress io.Writer) (*store.TemplateVersion, error) {
+	name, version := splitRef(ref)
+	if !tmplNameRe.MatchString(name) || !tmplVersionRe.MatchString(version) || strings.HasPrefix(name, SnapshotPrefix) {
+		return nil, invalid("give NAME:VERSION of [a-z0-9._-]")
+	}
+	if _, err := m.store.GetTemplateVersion(ctx, name, version); err == nil {
+		return nil, &ConflictError{Msg: fmt.Sprintf("template %s exists; templates are immutable, pick a new version", ref)}
+	}
+	if m.cfg.TemplateDir == "" {
+		return nil, errors.New("template imports are not configured")
+	}
+	res, err := template.ImportImage(ctx, filepath.Join(m.cfg.TemplateDir, "imports"), src, progress)
+	if err != nil {
+		if errors.Is(err, template.ErrUnsafeLayer) {
+			return nil, invalid("%v", err)
+		}
+		return nil, fmt.Errorf("import %s: %w", ref, err)
+	}
+	cfg := store.TemplateConfig{Workdir: res.Config.WorkingDir, Env: map[string]string{}}
+	for _, kv := range res.Config.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && envNameRe.MatchString(k) && k != "PATH" && k != "HOME" {
+			cfg.Env[k] = v
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(res.Dir, "rootfs", "etc", "passwd")); err != nil || !strings.Contains("\n"+string(b), "\nuser:") {
+		cfg.User = "root"
+	}
+	tv := &store.TemplateVersion{Name: name, Version: version, Digest: res.Digest, Source: "import",
+		RootFS: filepath.Join(res.Dir, "rootfs"), SizeBytes: res.Size, BuildLog: filepath.Join(res.Dir, "build.log"),
+		CreatedAt: time.Now().UTC(), Config: cfg}
+	if err := m.store.InsertTemplateVersion(ctx, tv, true); err != nil {
+		return nil, err
+	}
+	m.audit("", "template.imported", map[string]any{"template": ref, "digest": res.Digest, "bytes": res.Size, "layers": len(res.Layers)})
+	return tv, nil
+}
+
+// LayerInspection is the size and largest files of one layer of a template.
+type LayerInspection struct {
+	Layer   string              `json:"layer"` // "rootfs" or the layer's position from the top
+	Bytes   int64               `json:"bytes"`
+	Files   int                 `json:"files"`
+	Largest []template.PathSize `json:"largest"`
+}
+
+// InspectTemplate reports a template version's size by layer and the
+// largest paths of each (top n).
+func (m *Manager) InspectTemplate(ctx context.Context, ref string, n int) ([]LayerInspection, []template.LayerInfo, error) {
+	tv, err := m.TemplateVersion(ctx, ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []LayerInspection
+	var imageLayers []template.LayerInfo
+	if in, err := template.Inspect(filepath.Dir(tv.RootFS), n); err == nil {
+		out = append(out, LayerInspection{Layer: "rootfs", Bytes: in.Size, Files: in.Files, Largest: in.Largest})
+		imageLayers = in.Layers
+	} else if li, err := inspectDir(tv.RootFS, n); err == nil {
+		out = append(out, li)
+	}
+	for i := len(tv.Layers) - 1; i >= 0; i-- {
+		li, err := inspectDir(tv.Layers[i], n)
+		if err != nil {
+			return nil, nil, err
+		}
+		li.Layer = fmt.Sprintf("layer %d", len(tv.Layers)-i)
+		out = append(out, li)
+	}
+	return out, imageLayers, nil
+}
+
+func inspectDir(dir string, n int) (LayerInspection, error) {
+	li := LayerInspection{Layer: "rootfs"}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		li.Files++
+		li.Bytes += info.Size()
+		rel, _ := filepath.Rel(dir, p)
+		li.Largest = append(li.Largest, template.PathSize{Path: "/" + rel, Bytes: info.Size()})
+		return nil
+	})
+	sort.Slice(li.Largest, func(i, j int) bool { return li.Largest[i].Bytes > li.Largest[j].Bytes })
+	if len(li.Largest) > n {
+		li.Largest = li.Largest[:n]
+	}
+	return li, err
 }

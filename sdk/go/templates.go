@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -130,4 +131,81 @@ func (c *Client) BuildTemplate(ctx context.Context, spec TemplateSpec, onLog fun
 		return nil, err
 	}
 	return nil, fmt.Errorf("template build: the stream ended without a result")
+}
+
+// ImportedTemplate is the answer of an import.
+type ImportedTemplate struct {
+	Template TemplateInfo `json:"template"`
+	Log      string       `json:"log"`
+}
+
+// ImportTemplate imports a `docker save` or OCI image tarball read from r
+// as template version ref ("name:version").
+func (c *Client) ImportTemplate(ctx context.Context, ref string, r io.Reader) (*ImportedTemplate, error) {
+	req, err := http.NewRequestWithContext(ctx, "POST", c.baseURL+"/v1/templates/import?ref="+url.QueryEscape(ref), r)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return nil, errorFromResponse(resp)
+	}
+	var out ImportedTemplate
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// PullTemplate imports the registry image image (name[:tag|@digest]) as
+// template version ref; insecure allows plain-HTTP registries.
+func (c *Client) PullTemplate(ctx context.Context, ref, image string, insecure bool) (*ImportedTemplate, error) {
+	body := map[string]any{"ref": ref, "image": image, "insecure": insecure}
+	var out ImportedTemplate
+	if err := c.do(ctx, "POST", "/v1/templates/import", nil, body, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ImportTemplateLayout imports an OCI layout directory on the server's host.
+func (c *Client) ImportTemplateLayout(ctx context.Context, ref, dir string) (*ImportedTemplate, error) {
+	body := map[string]any{"ref": ref, "layout": dir}
+	var out ImportedTemplate
+	if err := c.do(ctx, "POST", "/v1/templates/import", nil, body, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// TemplateLayer is one layer of a template inspection.
+type TemplateLayer struct {
+	Layer   string `json:"layer"`
+	Bytes   int64  `json:"bytes"`
+	Files   int    `json:"files"`
+	Largest []struct {
+		Path  string `json:"path"`
+		Bytes int64  `json:"bytes"`
+	} `json:"largest"`
+}
+
+// InspectTemplate returns a template's size by layer and each layer's top
+// largest files.
+func (c *Client) InspectTemplate(ctx context.Context, ref string, top int) ([]TemplateLayer, error) {
+	q := url.Values{}
+	if top > 0 {
+		q.Set("top", fmt.Sprint(top))
+	}
+	var out struct {
+		Layers []TemplateLayer `json:"layers"`
+	}
+	if err := c.do(ctx, "GET", "/v1/templates/"+url.PathEscape(ref)+"/inspect", q, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Layers, nil
 }
