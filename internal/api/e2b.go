@@ -49,6 +49,7 @@ func (s *Server) e2bRoutes() {
 	s.mux.Handle("POST /sandboxes/{id}/snapshots", s.e2bAuth(s.e2bCreateSnapshot))
 	s.mux.Handle("GET /snapshots", s.e2bAuth(s.e2bListSnapshots))
 	s.mux.Handle("DELETE /templates/{id}", s.e2bAuth(s.e2bDeleteTemplate))
+	s.mux.Handle("GET /templates/aliases/{alias}", s.e2bAuth(s.e2bTemplateAlias))
 	s.mux.Handle("POST /sandboxes/{id}/fork", s.e2bAuth(s.e2bFork))
 }
 

@@ -192,6 +192,21 @@ func (s *Server) e2bDeleteTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// e2bTemplateAlias serves GET /templates/aliases/{alias} (Template.exists):
+// 200 when a template of that name (or name:version) exists, else 404.
+func (s *Server) e2bTemplateAlias(w http.ResponseWriter, r *http.Request) {
+	alias := r.PathValue("alias")
+	if _, err := s.mgr.TemplateVersion(r.Context(), alias); err == nil {
+		writeJSON(w, http.StatusOK, map[string]any{"templateID": alias, "public": false})
+		return
+	}
+	if list, err := s.mgr.Templates(r.Context(), alias); err == nil && len(list) > 0 {
+		writeJSON(w, http.StatusOK, map[string]any{"templateID": alias, "public": false})
+		return
+	}
+	e2bError(w, http.StatusNotFound, "template "+alias+" not found")
+}
+
 // e2bFork serves POST /sandboxes/{id}/fork: [{"sandbox": Sandbox}].
 func (s *Server) e2bFork(w http.ResponseWriter, r *http.Request) {
 	var req struct {

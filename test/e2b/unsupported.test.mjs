@@ -35,7 +35,7 @@ test('volumes: create, mount, destroy', unsupported('volumes', T), async (t) => 
   assert.equal(await sbx.files.read('/mnt/vol/x.txt'), 'on volume')
 })
 
-test('templates API: Template.exists', unsupported('templates API', T), async () => {
+test('templates API: Template.exists', T, async () => {
   assert.equal(await Template.exists('base'), true)
   assert.equal(await Template.exists(unique('no-such-template')), false)
 })
