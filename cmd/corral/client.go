@@ -130,6 +130,7 @@ type sandboxFlags struct {
 	network                 string
 	allow, secrets          []string
 	task, agent, snapshot   string
+	autoPause, pauseMemory  bool
 	env, metadata           []string
 }
 
@@ -147,6 +148,8 @@ func (f *sandboxFlags) register(cmd *cobra.Command, forCreate bool) {
 	fl.StringArrayVar(&f.allow, "allow", nil, "allowed domain pattern (api.github.com, *.pypi.org) or CIDR:port rule; implies --net allow (repeatable)")
 	fl.StringVar(&f.task, "task", "", "task the sandbox belongs to (corral task create); its calls count against the task's budgets")
 	if forCreate {
+		fl.BoolVar(&f.autoPause, "auto-pause", false, "pause instead of kill at the end of the TTL")
+		fl.BoolVar(&f.pauseMemory, "pause-memory", false, "with --auto-pause: keep processes frozen (default: save files, stop processes)")
 		fl.StringVar(&f.snapshot, "snapshot", "", "start from a snapshot (corral sandbox snapshot) instead of the bare template")
 	}
 	fl.StringVar(&f.agent, "agent", "", "agent name, for per-agent limits and the audit log")
@@ -165,7 +168,8 @@ func (f *sandboxFlags) options() (corral.CreateOptions, error) {
 		return corral.CreateOptions{}, err
 	}
 	o := corral.CreateOptions{Template: f.template, Runtime: f.runtime, Tier: f.tier, Network: mode,
-		Allow: f.allow, Secrets: f.secrets, Task: f.task, Agent: f.agent, Snapshot: f.snapshot}
+		Allow: f.allow, Secrets: f.secrets, Task: f.task, Agent: f.agent, Snapshot: f.snapshot,
+		AutoPause: f.autoPause, PauseMemory: f.pauseMemory}
 	switch f.runtime {
 	case "", "runc", "gvisor":
 	default:

@@ -37,6 +37,7 @@ func newSandboxCmd(g *clientGlobals) *cobra.Command {
 		newSandboxNetCmd(g),
 		newSandboxSnapshotCmd(g),
 		newSandboxForkCmd(g),
+		newSandboxSaveCmd(g),
 	)
 	return cmd
 }
@@ -245,6 +246,7 @@ func newSandboxKillCmd(g *clientGlobals) *cobra.Command {
 // pause false, `corral sandbox resume ID [--ttl DUR]` (thaw).
 func newSandboxPauseCmd(g *clientGlobals, pause bool) *cobra.Command {
 	var ttl string
+	var persist bool
 	cmd := &cobra.Command{
 		Use:   "pause ID",
 		Short: "Freeze every process of a sandbox (memory kept, lifetime clock stopped)",
@@ -256,7 +258,9 @@ func newSandboxPauseCmd(g *clientGlobals, pause bool) *cobra.Command {
 			}
 			ctx, stop := signalContext(cmd)
 			defer stop()
-			if pause {
+			if pause && persist {
+				_, err = c.PausePersist(ctx, args[0])
+			} else if pause {
 				_, err = c.Pause(ctx, args[0])
 			} else {
 				var d time.Duration
@@ -272,6 +276,9 @@ func newSandboxPauseCmd(g *clientGlobals, pause bool) *cobra.Command {
 			}
 			return nil
 		},
+	}
+	if pause {
+		cmd.Flags().BoolVar(&persist, "persist", false, "save the files and stop the processes (frees memory; resume restarts from the saved files)")
 	}
 	if !pause {
 		cmd.Use = "resume ID"

@@ -45,6 +45,30 @@ Processes and memory are not saved.`,
 	return cmd
 }
 
+// newSandboxSaveCmd is `corral sandbox save ID NAME:VERSION`.
+func newSandboxSaveCmd(g *clientGlobals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "save ID NAME:VERSION",
+		Short:   "Save a sandbox's files as a new template version (install deps, then save)",
+		Example: "  corral sandbox exec $id -- pip install pandas && corral sandbox save $id data:1",
+		Args:    argsRange(2, 2, "a sandbox id and NAME:VERSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			t, err := c.SaveTemplate(ctx, args[0], args[1])
+			if err != nil {
+				return apiFailure(cmd, err)
+			}
+			fmt.Println(t.Ref)
+			return nil
+		},
+	}
+}
+
 // newSandboxForkCmd is `corral sandbox fork ID`.
 func newSandboxForkCmd(g *clientGlobals) *cobra.Command {
 	var count int

@@ -109,6 +109,13 @@ type e2bDetail struct {
 	AllowInternetAccess bool `json:"allowInternetAccess"`
 	// Network lists the allow entries of mode allow.
 	Network *e2bNetworkOut `json:"network,omitempty"`
+	// Lifecycle says what happens at the timeout.
+	Lifecycle e2bLifecycle `json:"lifecycle"`
+}
+
+type e2bLifecycle struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
 }
 
 type e2bNetworkOut struct {
@@ -125,7 +132,11 @@ func e2bDetailOf(sb *store.Sandbox, withToken bool) e2bDetail {
 	d := e2bDetail{SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "corral",
 		CPUCount: max(1, int(math.Ceil(sb.Resources.CPU))), MemoryMB: sb.Resources.MemoryMB, DiskSizeMB: sb.Resources.DiskMB,
 		StartedAt: ts(sb.CreatedAt), EndAt: ts(sb.ExpiresAt), EnvdVersion: EnvdVersion,
-		Metadata: sb.Metadata, State: sb.State, AllowInternetAccess: sb.Network == "all-public"}
+		Metadata: sb.Metadata, State: sb.State, AllowInternetAccess: sb.Network == "all-public",
+		Lifecycle: e2bLifecycle{OnTimeout: "kill"}}
+	if sb.Lifecycle.AutoPause {
+		d.Lifecycle.OnTimeout = "pause"
+	}
 	if sb.Network == "allow" {
 		d.Network = &e2bNetworkOut{AllowOut: sb.Egress.Allow, DenyOut: []string{"0.0.0.0/0"}}
 	}
@@ -146,6 +157,7 @@ type e2bNewSandbox struct {
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             json.RawMessage   `json:"network"`
 	AutoPause           *bool             `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
 	Secure              *bool             `json:"secure"`
 	MCP                 json.RawMessage   `json:"mcp"`
 	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
@@ -193,7 +205,9 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cr := sandbox.CreateRequest{Template: req.TemplateID, Timeout: &ttl, Metadata: req.Metadata, Env: req.EnvVars,
-		Network: mode, Allow: allow}
+		Network: mode, Allow: allow,
+		// lifecycle.onTimeout "pause": E2B keeps memory unless keepMemory is false.
+		AutoPause: req.AutoPause != nil && *req.AutoPause, PauseMemory: req.AutoPauseMemory == nil || *req.AutoPauseMemory}
 	sb, err := s.mgr.Create(r.Context(), cr)
 	if err != nil {
 		var inv *sandbox.InvalidError
@@ -321,7 +335,8 @@ func (s *Server) e2bPause(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	_, err := s.mgr.Pause(r.Context(), id)
+	// keepMemory false: persist the files, stop the processes.
+	_, err := s.mgr.PauseWith(r.Context(), id, req.Memory != nil && !*req.Memory)
 	switch {
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)

@@ -141,7 +141,13 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.mgr.Pause(r.Context(), r.PathValue("id"))
+	var req struct {
+		Persist bool `json:"persist"`
+	}
+	if r.ContentLength != 0 && !decodeJSON(w, r, &req) {
+		return
+	}
+	sb, err := s.mgr.PauseWith(r.Context(), r.PathValue("id"), req.Persist)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

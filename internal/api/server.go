@@ -93,6 +93,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/templates", s.auth(s.listTemplates))
 	s.mux.Handle("POST /v1/templates/builds", s.auth(s.buildTemplate))
 	s.mux.Handle("POST /v1/templates/import", s.auth(s.importTemplate))
+	s.mux.Handle("POST /v1/sandboxes/{id}/template", s.auth(s.saveTemplate))
 	s.mux.Handle("GET /v1/templates/{ref}/inspect", s.auth(s.inspectTemplate))
 	s.mux.Handle("GET /v1/templates/{ref}", s.auth(s.getTemplate))
 	s.mux.Handle("POST /v1/templates/{ref}/current", s.auth(s.useTemplate))

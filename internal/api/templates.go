@@ -123,6 +123,22 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	emit(map[string]any{"template": templateOut(tv)})
 }
 
+// saveTemplate serves POST /v1/sandboxes/{id}/template {"ref": "name:version"}.
+func (s *Server) saveTemplate(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Ref string `json:"ref"`
+	}
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	tv, err := s.mgr.SaveTemplate(r.Context(), r.PathValue("id"), req.Ref)
+	if err != nil {
+		s.templateErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, templateOut(tv))
+}
+
 // MaxImportBytes bounds an uploaded image tarball.
 const MaxImportBytes = 8 << 30
 

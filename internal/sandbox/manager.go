@@ -172,6 +172,9 @@ type liveSandbox struct {
 	// paused: frozen, TTL clock stopped with remaining left; guarded by Manager.mu.
 	paused    bool
 	remaining time.Duration
+	// stopped: a persisted pause stopped its processes; resume restarts
+	// it from rec.Persisted. Guarded by Manager.mu.
+	stopped bool
 	// lastActive is the last command start or end; running counts
 	// commands in progress (for the idle limit). Guarded by Manager.mu.
 	lastActive time.Time
@@ -216,6 +219,14 @@ type CreateRequest struct {
 	// Snapshot starts the sandbox from a snapshot (its template with the
 	// snapshot's layers on top) instead of the bare template.
 	Snapshot string `json:"snapshot"`
+	// AutoPause pauses the sandbox at the end of its TTL instead of
+	// killing it; PauseMemory keeps its processes (cgroup freezer), else
+	// its files are persisted and its processes stopped.
+	AutoPause   bool `json:"auto_pause"`
+	PauseMemory bool `json:"pause_memory"`
+
+	// anySnapshot lets a resume use its hidden persisted snapshot.
+	anySnapshot bool
 }
 
 var (
@@ -279,7 +290,11 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		req.Snapshot, req.Template = req.Template, ""
 	}
 	if req.Snapshot != "" {
-		sn, err := m.store.GetSnapshot(context.Background(), req.Snapshot)
+		get := m.store.GetSnapshot
+		if req.anySnapshot {
+			get = m.store.GetSnapshotAny
+		}
+		sn, err := get(context.Background(), req.Snapshot)
 		if err != nil {
 			return nil, rc, invalid("snapshot %q not found", req.Snapshot)
 		}
@@ -363,6 +378,8 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 	if snap != nil {
 		rec.Snapshot = snap.ID
 	}
+	rec.Env = req.Env
+	rec.Lifecycle = store.Lifecycle{AutoPause: req.AutoPause, PauseMemory: req.PauseMemory}
 	rec.TemplateVersion = tv.Ref()
 	if tv.Version == "" {
 		rec.TemplateVersion = ""
@@ -508,6 +525,22 @@ func (m *Manager) forget(id string) {
 }
 
 func (m *Manager) expire(id string) {
+	m.mu.Lock()
+	ls, ok := m.live[id]
+	auto := ok && ls.rec.Lifecycle.AutoPause && !ls.paused
+	var memory bool
+	if auto {
+		memory = ls.rec.Lifecycle.PauseMemory
+	}
+	m.mu.Unlock()
+	if auto {
+		if _, err := m.PauseWith(context.Background(), id, !memory); err == nil {
+			m.audit(id, "sandbox.auto_paused", map[string]any{"memory": memory})
+			return
+		} else {
+			m.log.Error("auto-pause at the end of the TTL failed; killing", "id", id, "err", err)
+		}
+	}
 	if err := m.end(context.Background(), id, EndTTL, ""); err != nil && !errors.Is(err, ErrNotFound) {
 		m.log.Error("expire sandbox", "id", id, "err", err)
 	}
@@ -768,8 +801,13 @@ func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*st
 		m.mu.Unlock()
 		return nil, ErrConflict
 	}
+	stopped := ls.stopped
 	m.mu.Unlock()
-	if err := m.driver.Resume(ctx, id); err != nil {
+	if stopped {
+		if err := m.restart(ctx, ls); err != nil {
+			return nil, err
+		}
+	} else if err := m.driver.Resume(ctx, id); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
@@ -828,6 +866,14 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 		if rec.State == store.StatePaused && m.driver.Alive(rec.ID) {
 			m.adoptPaused(rec)
+			continue
+		}
+		if rec.State == store.StatePaused && rec.Persisted != "" && !m.driver.Alive(rec.ID) {
+			// Persisted: its processes were stopped on purpose.
+			m.adoptPaused(rec)
+			m.mu.Lock()
+			m.live[rec.ID].stopped = true
+			m.mu.Unlock()
 			continue
 		}
 		if m.driver.Alive(rec.ID) && time.Now().Before(rec.ExpiresAt) {
@@ -918,7 +964,7 @@ func (m *Manager) watch() {
 		m.mu.Lock()
 		var ids []string
 		for id, ls := range m.live {
-			if !ls.ending {
+			if !ls.ending && !ls.stopped {
 				ids = append(ids, id)
 			}
 		}

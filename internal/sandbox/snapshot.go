@@ -40,6 +40,10 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*store.Snapsho
 	}
 	m.mu.Lock()
 	ls, ok := m.live[id]
+	if ok && ls.stopped {
+		m.mu.Unlock()
+		return nil, &ConflictError{Msg: "the sandbox is paused and persisted; resume it first"}
+	}
 	ok = ok && !ls.ending
 	var rec store.Sandbox
 	if ok {
@@ -63,10 +67,14 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*store.Snapsho
 	if rec.TemplateVersion != "" {
 		tmpl = rec.TemplateVersion // a snapshot pins the exact template version
 	}
-	sn := &store.Snapshot{ID: snapID, Name: name, SandboxID: id, Template: tmpl, Parent: rec.Snapshot,
+	parentSnap := rec.Snapshot
+	if rec.Persisted != "" {
+		parentSnap = rec.Persisted // the sandbox runs from its persisted snapshot
+	}
+	sn := &store.Snapshot{ID: snapID, Name: name, SandboxID: id, Template: tmpl, Parent: parentSnap,
 		Layers: []string{layer}, SizeBytes: size, CreatedAt: time.Now().UTC()}
-	if rec.Snapshot != "" {
-		parent, err := m.store.GetSnapshotAny(ctx, rec.Snapshot)
+	if parentSnap != "" {
+		parent, err := m.store.GetSnapshotAny(ctx, parentSnap)
 		if err != nil {
 			_ = os.RemoveAll(filepath.Dir(layer))
 			return nil, fmt.Errorf("parent snapshot of %s: %w", id, err)

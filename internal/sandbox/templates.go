@@ -145,7 +145,7 @@ func (m *Manager) DeleteTemplate(ctx context.Context, ref string) error {
 	if err := m.store.DeleteTemplateVersion(ctx, name, version); err != nil {
 		return err
 	}
-	if m.cfg.TemplateDir != "" && (tv.Source == "build" || tv.Source == "import") {
+	if m.cfg.TemplateDir != "" && (tv.Source == "build" || tv.Source == "sandbox") {
 		dir := filepath.Join(m.cfg.TemplateDir, name, version)
 		if err := os.RemoveAll(dir); err != nil {
 			m.log.Error("remove template dir", "dir", dir, "err", err)
@@ -254,4 +254,73 @@ func inspectDir(dir string, n int) (LayerInspection, error) {
 		li.Largest = li.Largest[:n]
 	}
 	return li, err
+}
+
+// SaveTemplate makes a new template version name:version from a live
+// sandbox's files: its writable layer (copied while it is frozen) on top of
+// everything it was started from (template layers and any snapshot). The
+// new version becomes current; the sandbox keeps running.
+func (m *Manager) SaveTemplate(ctx context.Context, id, ref string) (*store.TemplateVersion, error) {
+	name, version := splitRef(ref)
+	if !tmplNameRe.MatchString(name) || !tmplVersionRe.MatchString(version) || strings.HasPrefix(name, SnapshotPrefix) {
+		return nil, invalid("give NAME:VERSION of [a-z0-9._-]")
+	}
+	if _, err := m.store.GetTemplateVersion(ctx, name, version); err == nil {
+		return nil, &ConflictError{Msg: fmt.Sprintf("template %s exists; templates are immutable, pick a new version", ref)}
+	}
+	rec, err := m.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !m.Running(id) && !m.Paused(id) {
+		return nil, ErrNotFound
+	}
+	parentRef := rec.TemplateVersion
+	if parentRef == "" {
+		parentRef = rec.Template
+	}
+	parent, err := m.resolveTemplate(ctx, parentRef)
+	if err != nil {
+		return nil, err
+	}
+	var snapLayers []string
+	if rec.Snapshot != "" {
+		if sn, err := m.store.GetSnapshotAny(ctx, rec.Snapshot); err == nil {
+			snapLayers = sn.Layers
+		}
+	}
+	if m.cfg.TemplateDir == "" {
+		return nil, errors.New("templates are not configured")
+	}
+	dir := filepath.Join(m.cfg.TemplateDir, name, version)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("template dir: %w", err)
+	}
+	layer := filepath.Join(dir, "layer")
+	size, err := m.driver.Snapshot(ctx, id, layer)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("save %s: %w", id, err)
+	}
+	digest, err := layerDigest(parent.Digest, layer)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	layers := append([]string{layer}, snapLayers...)
+	tv := &store.TemplateVersion{Name: name, Version: version, Digest: digest, Parent: parent.Ref(), Source: "sandbox",
+		RootFS: parent.RootFS, Layers: append(layers, parent.Layers...), SizeBytes: parent.SizeBytes + size,
+		CreatedAt: time.Now().UTC(), Config: parent.Config}
+	if parent.Version == "" {
+		tv.Parent = parent.Name
+	}
+	if err := m.store.InsertTemplateVersion(ctx, tv, true); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	m.audit(id, "template.saved", map[string]any{"template": tv.Ref(), "parent": tv.Parent, "bytes": size})
+	return tv, nil
 }

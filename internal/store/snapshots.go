@@ -95,7 +95,7 @@ func (s *Store) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*S
 // SnapshotUsers returns what still needs snapshot id: running or paused
 // sandboxes started from it and snapshots whose chain contains it.
 func (s *Store) SnapshotUsers(ctx context.Context, id string) (sandboxes, snapshots []string, err error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id FROM sandboxes WHERE snapshot=? AND state<>?`, id, StateEnded)
+	rows, err := s.db.QueryContext(ctx, `SELECT id FROM sandboxes WHERE (snapshot=? OR persisted=?) AND state<>?`, id, id, StateEnded)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -182,6 +182,9 @@ var addedColumns = []struct{ table, column, def string }{
 	{"sandboxes", "snapshot", "TEXT NOT NULL DEFAULT ''"},
 	{"snapshots", "deleted", "INTEGER NOT NULL DEFAULT 0"},
 	{"sandboxes", "template_version", "TEXT NOT NULL DEFAULT ''"},
+	{"sandboxes", "env", "TEXT NOT NULL DEFAULT '{}'"},
+	{"sandboxes", "persisted", "TEXT NOT NULL DEFAULT ''"},
+	{"sandboxes", "lifecycle", "TEXT NOT NULL DEFAULT '{}'"},
 }
 
 func addColumns(db *sql.DB) error {
@@ -247,9 +250,26 @@ type Sandbox struct {
 	// TemplateVersion is the exact template version ("name:version") the
 	// sandbox runs; a later build of the name does not change it.
 	TemplateVersion string
+	// Env are the env vars given at create (kept to restart a persisted
+	// sandbox and for forks; never returned by the API).
+	Env map[string]string
+	// Persisted is the snapshot a persisted pause saved the sandbox to
+	// (its processes are stopped); "" otherwise.
+	Persisted string
+	// Lifecycle says what happens at the end of the TTL.
+	Lifecycle Lifecycle
 	// Warnings are returned by create and recorded in the audit log; they
 	// are not stored with the record.
 	Warnings []string
+}
+
+// Lifecycle is what happens when a sandbox's TTL ends.
+type Lifecycle struct {
+	// AutoPause pauses the sandbox instead of killing it.
+	AutoPause bool `json:"auto_pause,omitempty"`
+	// PauseMemory keeps processes and memory (cgroup freezer); false
+	// persists the files and stops the processes.
+	PauseMemory bool `json:"pause_memory,omitempty"`
 }
 
 // Egress is the recorded detail of a sandbox's network policy.
@@ -267,11 +287,14 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	res, _ := json.Marshal(sb.Resources)
 	meta, _ := json.Marshal(orEmpty(sb.Metadata))
 	eg, _ := json.Marshal(sb.Egress)
+	envJSON, _ := json.Marshal(orEmpty(sb.Env))
+	lc, _ := json.Marshal(sb.Lifecycle)
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
-		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version, env, lifecycle)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
-		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID, sb.Snapshot, sb.TemplateVersion)
+		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID, sb.Snapshot, sb.TemplateVersion,
+		string(envJSON), string(lc))
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
@@ -307,6 +330,19 @@ func (s *Store) SetExpiry(ctx context.Context, id string, at time.Time) error {
 	return nil
 }
 
+// SetPersisted records that a paused sandbox was persisted to snapshot
+// (or, with "", that it runs again).
+func (s *Store) SetPersisted(ctx context.Context, id, snapshot string) error {
+	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET persisted=? WHERE id=? AND state<>?`, snapshot, id, StateEnded)
+	if err != nil {
+		return fmt.Errorf("set persisted of %s: %w", id, err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
 // SetNetwork records a running or paused sandbox's new network policy.
 func (s *Store) SetNetwork(ctx context.Context, id, mode string, eg Egress) error {
 	b, _ := json.Marshal(eg)
@@ -334,17 +370,19 @@ func (s *Store) SetState(ctx context.Context, id, state string, expires time.Tim
 	return nil
 }
 
-const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version`
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version, env, persisted, lifecycle`
 
 func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
-	var res, meta, eg string
+	var res, meta, eg, envJSON, lc string
 	var ctMS, created, expires int64
 	var ended sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
-		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion); err != nil {
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion, &envJSON, &sb.Persisted, &lc); err != nil {
 		return nil, err
 	}
+	_ = json.Unmarshal([]byte(envJSON), &sb.Env)
+	_ = json.Unmarshal([]byte(lc), &sb.Lifecycle)
 	_ = json.Unmarshal([]byte(eg), &sb.Egress)
 	_ = json.Unmarshal([]byte(res), &sb.Resources)
 	_ = json.Unmarshal([]byte(meta), &sb.Metadata)

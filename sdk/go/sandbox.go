@@ -181,6 +181,10 @@ type CreateOptions struct {
 	// Snapshot starts the sandbox from a snapshot instead of the bare
 	// template.
 	Snapshot string
+	// AutoPause pauses the sandbox at the end of its TTL instead of
+	// killing it; with PauseMemory its processes are frozen, else its
+	// files are saved and its processes stopped.
+	AutoPause, PauseMemory bool
 }
 
 type createWire struct {
@@ -198,6 +202,8 @@ type createWire struct {
 	Task           string            `json:"task,omitempty"`
 	Agent          string            `json:"agent,omitempty"`
 	Snapshot       string            `json:"snapshot,omitempty"`
+	AutoPause      bool              `json:"auto_pause,omitempty"`
+	PauseMemory    bool              `json:"pause_memory,omitempty"`
 }
 
 // Create creates and starts a sandbox (POST /v1/sandboxes).
@@ -206,7 +212,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 		Template: opts.Template, Runtime: opts.Runtime, Tier: opts.Tier,
 		Timeout: durationSeconds(opts.Timeout), CommandTimeout: durationSeconds(opts.CommandTimeout),
 		Env: opts.Env, Metadata: opts.Metadata, Network: opts.Network,
-		Allow: opts.Allow, Secrets: opts.Secrets, Task: opts.Task, Agent: opts.Agent, Snapshot: opts.Snapshot,
+		Allow: opts.Allow, Secrets: opts.Secrets, Task: opts.Task, Agent: opts.Agent, Snapshot: opts.Snapshot, AutoPause: opts.AutoPause, PauseMemory: opts.PauseMemory,
 	}
 	if !opts.Resources.isZero() {
 		r := opts.Resources
@@ -441,6 +447,21 @@ func (c *Client) Pause(ctx context.Context, id string) (*Sandbox, error) {
 	}
 	sb := &Sandbox{client: c}
 	if err := c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/pause", nil, nil, sb); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// PausePersist pauses a sandbox by saving its files and stopping its
+// processes (memory is freed); Resume starts it again from the saved
+// files with the same id (POST /v1/sandboxes/{id}/pause {"persist": true}).
+func (c *Client) PausePersist(ctx context.Context, id string) (*Sandbox, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	sb := &Sandbox{client: c}
+	body := map[string]bool{"persist": true}
+	if err := c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/pause", nil, body, sb); err != nil {
 		return nil, err
 	}
 	return sb, nil

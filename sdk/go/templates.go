@@ -183,6 +183,17 @@ func (c *Client) ImportTemplateLayout(ctx context.Context, ref, dir string) (*Im
 	return &out, nil
 }
 
+// SaveTemplate makes template version ref ("name:version") from a running
+// sandbox's files (POST /v1/sandboxes/{id}/template).
+func (c *Client) SaveTemplate(ctx context.Context, sandboxID, ref string) (*TemplateInfo, error) {
+	body := map[string]string{"ref": ref}
+	var t TemplateInfo
+	if err := c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/template", nil, body, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
 // TemplateLayer is one layer of a template inspection.
 type TemplateLayer struct {
 	Layer   string `json:"layer"`

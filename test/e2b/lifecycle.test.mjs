@@ -219,3 +219,25 @@ test('getMetrics honours start and end', T, async (t) => {
   const all = await sbx.getMetrics()
   assert.ok(all.length >= 2, `want a series of samples, got ${all.length}`)
 })
+
+test('lifecycle onTimeout pause: the sandbox pauses at its timeout and connect resumes it', T, async (t) => {
+  const sbx = await newSandbox(t, { lifecycle: { onTimeout: 'pause' } })
+  await sbx.files.write('/home/user/auto.txt', 'auto')
+  await sbx.setTimeout(3_000)
+  await waitUntil('the sandbox to pause', 30_000, async () => (await sbx.getInfo()).state === 'paused', 500)
+  const resumed = await Sandbox.connect(sbx.sandboxId)
+  assert.equal((await resumed.getInfo()).state, 'running')
+  assert.equal(await resumed.files.read('/home/user/auto.txt'), 'auto')
+})
+
+test('pause without memory keeps files, not processes', T, async (t) => {
+  const sbx = await newSandbox(t)
+  await sbx.files.write('/home/user/keep.txt', 'kept')
+  await sbx.commands.run('sleep 600', { background: true })
+  assert.equal(await sbx.pause({ keepMemory: false }), true)
+  assert.equal((await sbx.getInfo()).state, 'paused')
+  const resumed = await Sandbox.connect(sbx.sandboxId)
+  assert.equal(await resumed.files.read('/home/user/keep.txt'), 'kept')
+  const r = await resumed.commands.run('pgrep -x sleep || echo none')
+  assert.equal(r.stdout.trim(), 'none')
+})

@@ -20,12 +20,6 @@ test('pause and resume keep files and processes', T, async (t) => {
   assert.equal(await resumed.files.read('/home/user/keep.txt'), 'kept')
 })
 
-test('lifecycle onTimeout pause', unsupported('auto-pause on timeout', T), async (t) => {
-  const sbx = await newSandbox(t, { lifecycle: { onTimeout: 'pause' } })
-  await sbx.setTimeout(3_000)
-  await waitUntil('the sandbox to pause', 30_000, async () => (await sbx.getInfo()).state === 'paused', 500)
-})
-
 test('volumes: create, mount, destroy', unsupported('volumes', T), async (t) => {
   const name = unique('vol')
   const vol = await Volume.create(name)

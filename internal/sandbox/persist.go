@@ -1,0 +1,128 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/corralhq/corral/internal/store"
+)
+
+// PauseWith pauses a running sandbox. Without persist it is Pause (the
+// cgroup freezer keeps processes and memory). With persist, the
+// sandbox's files are saved to a hidden snapshot and its processes are
+// stopped, freeing their memory; Resume starts it again from the snapshot
+// with the same id and access token: files kept, processes not (E2B's
+// pause without memory and "reboot" resume).
+func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*store.Sandbox, error) {
+	if !persist {
+		return m.Pause(ctx, id)
+	}
+	m.mu.Lock()
+	ls, ok := m.live[id]
+	if !ok || ls.ending {
+		m.mu.Unlock()
+		return nil, ErrNotFound
+	}
+	if ls.stopped {
+		m.mu.Unlock()
+		return nil, ErrConflict
+	}
+	wasPaused := ls.paused
+	if !wasPaused {
+		ls.paused = true
+		ls.remaining = max(time.Until(ls.rec.ExpiresAt), time.Second)
+		if ls.timer != nil {
+			ls.timer.Stop()
+		}
+	}
+	m.mu.Unlock()
+	undo := func() {
+		if wasPaused {
+			return
+		}
+		m.mu.Lock()
+		ls.paused = false
+		if ls.timer != nil {
+			ls.timer.Reset(ls.remaining)
+		}
+		m.mu.Unlock()
+	}
+	sn, err := m.Snapshot(ctx, id, "paused-"+id)
+	if err != nil {
+		undo()
+		return nil, fmt.Errorf("persist %s: %w", id, err)
+	}
+	// The snapshot is the sandbox's own: hidden from lists and from
+	// creates; it goes when the sandbox ends.
+	_ = m.store.MarkSnapshotDeleted(ctx, sn.ID)
+	if err := m.store.SetPersisted(ctx, id, sn.ID); err != nil {
+		undo()
+		return nil, err
+	}
+	m.dropClient(id)
+	if err := m.driver.Stop(ctx, id, m.cfg.KillGrace); err != nil {
+		m.log.Error("stop persisted sandbox", "id", id, "err", err)
+	}
+	m.teardownNetwork(id)
+	if wd := m.wd.Load(); wd != nil {
+		wd.Forget(id)
+	}
+	m.mu.Lock()
+	ls.stopped = true
+	ls.rec.Persisted = sn.ID
+	remaining := ls.remaining
+	m.mu.Unlock()
+	if err := m.store.SetState(ctx, id, store.StatePaused, time.Now().Add(remaining)); err != nil {
+		return nil, err
+	}
+	m.audit(id, "sandbox.paused", map[string]any{"persisted": sn.ID, "bytes": sn.SizeBytes})
+	m.log.Info("sandbox paused and persisted", "id", id, "snapshot", sn.ID)
+	return m.store.GetSandbox(ctx, id)
+}
+
+// restart starts a persisted sandbox again from its snapshot, with its
+// id, access token, limits, network policy and create-time env.
+func (m *Manager) restart(ctx context.Context, ls *liveSandbox) error {
+	m.mu.Lock()
+	rec := *ls.rec
+	m.mu.Unlock()
+	r := rec.Resources
+	tmpl := rec.TemplateVersion
+	if tmpl == "" {
+		tmpl = rec.Template
+	}
+	req := CreateRequest{Template: tmpl, Snapshot: rec.Persisted, anySnapshot: true, Runtime: rec.Runtime, Tier: rec.Tier,
+		Resources: &ResourceRequest{CPU: r.CPU, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids, Nofile: r.Nofile},
+		Env: rec.Env}
+	_, rc, err := m.validateBase(&req)
+	if err != nil {
+		return fmt.Errorf("restart %s: %w", rec.ID, err)
+	}
+	rc.ID, rc.AccessToken = rec.ID, rec.AccessToken
+	pol, err := parsePolicy(rec.Network, rec.Egress.Allow)
+	if err != nil {
+		return err
+	}
+	secrets, err := m.resolveSecrets(ctx, rec.Egress.Secrets)
+	if err != nil {
+		return err
+	}
+	if err := m.prepareNetwork(&rec, &rc, pol, secrets); err != nil {
+		return err
+	}
+	if _, err := m.driver.Start(ctx, rc); err != nil {
+		m.teardownNetwork(rec.ID)
+		return fmt.Errorf("restart %s: %w", rec.ID, err)
+	}
+	if err := m.activateNetwork(rec.ID, pol, secrets); err != nil {
+		_ = m.driver.Stop(context.WithoutCancel(ctx), rec.ID, 0)
+		m.teardownNetwork(rec.ID)
+		return err
+	}
+	m.mu.Lock()
+	ls.stopped = false
+	m.mu.Unlock()
+	m.audit(rec.ID, "sandbox.restarted", map[string]any{"from": rec.Persisted})
+	return nil
+}
