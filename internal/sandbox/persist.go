@@ -94,7 +94,7 @@ func (m *Manager) restart(ctx context.Context, ls *liveSandbox) error {
 	}
 	req := CreateRequest{Template: tmpl, Snapshot: rec.Persisted, anySnapshot: true, Runtime: rec.Runtime, Tier: rec.Tier,
 		Resources: &ResourceRequest{CPU: r.CPU, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids, Nofile: r.Nofile},
-		Env: rec.Env}
+		Env:       rec.Env}
 	_, rc, err := m.validateBase(&req)
 	if err != nil {
 		return fmt.Errorf("restart %s: %w", rec.ID, err)
