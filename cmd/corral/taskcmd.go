@@ -76,6 +76,7 @@ func newTaskCreateCmd(g *clientGlobals) *cobra.Command {
 	f.Float64Var(&o.MaxCPUSeconds, "max-cpu", 0, "CPU seconds over all the task's sandboxes (server default 3600)")
 	f.StringVar(&o.OnTrip, "on-trip", "", "when a breaker opens: kill (default) or keep the task's sandboxes")
 	f.StringArrayVar(&o.Artifacts, "artifact", nil, "file to copy out of each sandbox before a kill on trip (repeatable)")
+	f.BoolVar(&o.NoLoopCheck, "no-loop-check", false, "turn loop detection off (a task that repeats a call on purpose)")
 	f.BoolVar(&asJSON, "json", false, "print the task as JSON")
 	return cmd
 }

@@ -79,8 +79,9 @@ type TaskRequest struct {
 	MaxTokens     int64    `json:"max_tokens"`
 	MaxSandboxes  int64    `json:"max_sandboxes"`
 	MaxCPUSeconds float64  `json:"max_cpu_seconds"`
-	OnTrip        string   `json:"on_trip"`   // "kill" (default) or "keep"
-	Artifacts     []string `json:"artifacts"` // paths archived before a kill on trip
+	OnTrip        string   `json:"on_trip"`       // "kill" (default) or "keep"
+	NoLoopCheck   bool     `json:"no_loop_check"` // turn loop detection off
+	Artifacts     []string `json:"artifacts"`     // paths archived before a kill on trip
 }
 
 // BudgetChange raises (or lowers) budgets of an existing task; nil fields
@@ -210,6 +211,7 @@ func (g *Governor) create(ctx context.Context, req TaskRequest, implicit bool) (
 			return nil, &InvalidError{Msg: fmt.Sprintf("artifact %q must be an absolute path inside the sandbox", a)}
 		}
 	}
+	b.NoLoopCheck = req.NoLoopCheck
 	t := &store.Task{ID: newTaskID(), Agent: req.Agent, Implicit: implicit, State: store.TaskOpen,
 		Budgets: b, OnTrip: req.OnTrip, Artifacts: req.Artifacts, CreatedAt: g.cfg.Now().UTC()}
 	if err := g.st.InsertTask(ctx, t); err != nil {
@@ -442,7 +444,7 @@ func (c *CallTicket) End(exitCode int, failed bool) []string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	ts := g.tasks[c.task]
-	if ts == nil {
+	if ts == nil || ts.t.Budgets.NoLoopCheck {
 		return nil
 	}
 	v := ts.loop.Observe(Call{Command: c.command, ExitCode: exitCode, Failed: failed})

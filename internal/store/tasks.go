@@ -24,6 +24,9 @@ type TaskBudgets struct {
 	MaxTokens     int64   `json:"max_tokens"`
 	MaxSandboxes  int64   `json:"max_sandboxes"`
 	MaxCPUSeconds float64 `json:"max_cpu_seconds"`
+	// NoLoopCheck turns loop detection off for the task (health checks,
+	// benchmarks: the same call on purpose).
+	NoLoopCheck bool `json:"no_loop_check,omitempty"`
 }
 
 // TaskUsage is what a task has spent.

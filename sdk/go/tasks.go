@@ -32,6 +32,7 @@ type TaskBudgets struct {
 	MaxTokens     int64   `json:"max_tokens"`
 	MaxSandboxes  int64   `json:"max_sandboxes"`
 	MaxCPUSeconds float64 `json:"max_cpu_seconds"`
+	NoLoopCheck   bool    `json:"no_loop_check,omitempty"`
 }
 
 // TaskUsage is what a task has spent.
@@ -63,6 +64,9 @@ type TaskOptions struct {
 	// sandboxes when a breaker opens) or "keep".
 	OnTrip    string   `json:"on_trip,omitempty"`
 	Artifacts []string `json:"artifacts,omitempty"`
+	// NoLoopCheck turns loop detection off (a task that repeats a call on
+	// purpose: health checks, benchmarks).
+	NoLoopCheck bool `json:"no_loop_check,omitempty"`
 }
 
 // CreateTask creates a task (POST /v1/tasks).

@@ -46,6 +46,28 @@ func BenchmarkCreateFirstExecNetwork(b *testing.B) {
 	benchCreate(b, corral.CreateOptions{Network: "allow", Allow: []string{"pypi.org"}})
 }
 
+// BenchmarkCreateFirstExecSnapshot is BenchmarkCreateFirstExec for
+// sandboxes started from a snapshot (a layer with a few files on top of
+// the base template).
+func BenchmarkCreateFirstExecSnapshot(b *testing.B) {
+	c := client(b)
+	ctx := context.Background()
+	src, err := c.Create(ctx, corral.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Kill(context.Background())
+	if _, err := src.Run(ctx, "mkdir -p /home/user/proj && seq 1000 > /home/user/proj/data.txt", corral.RunOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	sn, err := c.Snapshot(ctx, src.ID, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = c.DeleteSnapshot(context.Background(), sn.ID) })
+	benchCreate(b, corral.CreateOptions{Snapshot: sn.ID})
+}
+
 // BenchmarkCreateFirstExecPooled is BenchmarkCreateFirstExec with a warm
 // pool of the base template: each create takes a sandbox the pool started
 // ahead of time (waiting, outside the timer, for the pool to refill).
@@ -88,6 +110,7 @@ func BenchmarkCreateFirstExecPooled(b *testing.B) {
 	s.report()
 	if ps, err := c.Pools(ctx); err == nil && len(ps) == 1 {
 		b.ReportMetric(float64(ps[0].Hits), "pool-hits")
+		b.ReportMetric(ps[0].RefillMSAvg, "refill-ms")
 	}
 }
 
@@ -121,7 +144,14 @@ func benchCreate(b *testing.B, opts corral.CreateOptions) {
 func BenchmarkExecRoundTrip(b *testing.B) {
 	c := client(b)
 	ctx := context.Background()
-	sb, err := c.Create(ctx, corral.CreateOptions{})
+	// The same call on purpose: a task without loop detection and with a
+	// call budget for every iteration.
+	task, err := c.CreateTask(ctx, corral.TaskOptions{Agent: "bench", MaxCalls: int64(b.N) + 10, NoLoopCheck: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _, _ = c.EndTask(context.Background(), task.ID) })
+	sb, err := c.Create(ctx, corral.CreateOptions{Task: task.ID})
 	if err != nil {
 		b.Fatalf("create: %v", err)
 	}

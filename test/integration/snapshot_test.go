@@ -45,6 +45,10 @@ func TestSnapshotChain(t *testing.T) {
 		t.Fatalf("root's file: %q", got)
 	}
 	mustSh(t, b, "rm /home/user/b.txt; rm -r /home/user/d; echo three > /home/user/c.txt")
+	// Isolation the other way: the child's changes never reach the source.
+	if got := mustSh(t, a, "ls /home/user; cat /home/user/b.txt"); got != "a.txt\nb.txt\nd\nlater.txt\ntwo\n" {
+		t.Fatalf("the source sees %q after the child's changes", got)
+	}
 	var s2 snapshotJSON
 	if code := call(t, "POST", "/v1/sandboxes/"+b+"/snapshots", nil, &s2); code != 201 {
 		t.Fatalf("second snapshot: status %d", code)
