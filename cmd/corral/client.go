@@ -241,3 +241,25 @@ func printWarnings(sb *corral.Sandbox) {
 		fmt.Fprintln(os.Stderr, "corral: warning:", w)
 	}
 }
+
+// call makes a cobra RunE for a command that talks to the server: it
+// builds the client, gives fn a context that Ctrl-C cancels, and maps API
+// errors (invalid arguments are usage errors, exit 2).
+func (g *clientGlobals) call(fn func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := g.client()
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext(cmd)
+		defer stop()
+		if err := fn(ctx, c, cmd, args); err != nil {
+			var ae *corral.APIError
+			if errors.As(err, &ae) {
+				return apiFailure(cmd, err)
+			}
+			return err
+		}
+		return nil
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -32,18 +33,12 @@ sandbox's next connection and DNS query, without restarting it.
   corral sandbox net $ID --allow api.github.com --allow '*.pypi.org'
   corral sandbox net $ID --net none`,
 		Args: argsRange(1, 1, "a sandbox id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			change := cmd.Flags().Changed("net") || cmd.Flags().Changed("allow")
 			m, err := netMode(mode, allow)
 			if err != nil {
 				return usageError(cmd, "%v", err)
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
 			var n *corral.Network
 			if change {
 				n, err = c.SetNetwork(ctx, args[0], m, allow)
@@ -51,7 +46,7 @@ sandbox's next connection and DNS query, without restarting it.
 				n, err = c.GetNetwork(ctx, args[0])
 			}
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if asJSON {
 				return printJSON(n)
@@ -66,7 +61,7 @@ sandbox's next connection and DNS query, without restarting it.
 				fmt.Fprintf(tw, "requests:\t%d in the last minute\n", n.Usage.Requests)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&mode, "net", "", "new mode: none, allow or all-public")
 	cmd.Flags().StringArrayVar(&allow, "allow", nil, "allowed domain pattern or CIDR:port rule (repeatable; implies --net allow)")
@@ -108,7 +103,7 @@ func newSecretSetCmd(g *clientGlobals) *cobra.Command {
   corral run --net allow --allow api.github.com --secret github -- \
     sh -c 'curl -H "Authorization: $CORRAL_SECRET_github" https://api.github.com/user'`,
 		Args: argsRange(1, 1, "a secret name"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			if (value == "") == (valueFile == "") {
 				return usageError(cmd, "give exactly one of --value and --value-file")
 			}
@@ -137,19 +132,13 @@ func newSecretSetCmd(g *clientGlobals) *cobra.Command {
 			if len(hl) == 0 || header == "" {
 				return usageError(cmd, "--hosts and --header are required")
 			}
-			c, err := g.client()
+			s, err := c.PutSecret(ctx, args[0], hl, header, value)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			s, err := c.PutSecret(ctx, args[0], hl, header, value)
-			if err != nil {
-				return apiFailure(cmd, err)
-			}
 			fmt.Printf("secret %s set for %s (header %s); placeholder CORRAL_SECRET_%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, s.Name)
 			return nil
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&hosts, "hosts", "", "comma-separated host names or *.suffix patterns the secret is for")
@@ -166,16 +155,10 @@ func newSecretLsCmd(g *clientGlobals) *cobra.Command {
 		Aliases: []string{"list"},
 		Short:   "List secrets (never their values)",
 		Args:    argsRange(0, 0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			list, err := c.ListSecrets(ctx)
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if asJSON {
 				if list == nil {
@@ -189,7 +172,7 @@ func newSecretLsCmd(g *clientGlobals) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, s.UpdatedAt.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
@@ -200,18 +183,12 @@ func newSecretRmCmd(g *clientGlobals) *cobra.Command {
 		Use:   "rm NAME",
 		Short: "Delete a secret (sandboxes using it stop getting it injected)",
 		Args:  argsRange(1, 1, "a secret name"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
+			if err := c.DeleteSecret(ctx, args[0]); err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			if err := c.DeleteSecret(ctx, args[0]); err != nil {
-				return apiFailure(cmd, err)
-			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -227,7 +204,7 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
   corral audit --kind egress. --since 1h --json > egress.jsonl
   corral audit --follow`,
 		Args: argsRange(0, 0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			if since != "" {
 				if d, err := parseDurationArg(since); err == nil {
 					q.Since = time.Now().Add(-d)
@@ -237,12 +214,6 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
 					return usageError(cmd, "--since: give a duration (10m) or an RFC 3339 time")
 				}
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
 			w := bufio.NewWriter(os.Stdout)
 			defer w.Flush()
 			for {
@@ -251,7 +222,7 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
 					if ctx.Err() != nil {
 						return nil
 					}
-					return apiFailure(cmd, err)
+					return err
 				}
 				for _, ev := range evs {
 					if asJSON {
@@ -276,7 +247,7 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
 				case <-time.After(time.Second):
 				}
 			}
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&q.Task, "task", "", "only this task's events")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"text/tabwriter"
@@ -29,7 +30,7 @@ users' sandboxes and empty themselves when host memory runs low.`,
 		Short:   "Create or change a template's pool (--min 0 --max 0 removes it)",
 		Example: "  corral pool set base --min 2 --max 5",
 		Args:    argsRange(1, 1, "a template name"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			var idle int64
 			if maxIdle != "" {
 				d, err := parseDurationArg(maxIdle)
@@ -41,19 +42,13 @@ users' sandboxes and empty themselves when host memory runs low.`,
 			if !cmd.Flags().Changed("max") {
 				max = min
 			}
-			c, err := g.client()
+			p, err := c.SetPool(ctx, args[0], min, max, idle)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			p, err := c.SetPool(ctx, args[0], min, max, idle)
-			if err != nil {
-				return apiFailure(cmd, err)
-			}
 			fmt.Printf("pool %s: min %d, max %d, max idle %s\n", p.Template, p.Min, p.Max, time.Duration(p.MaxIdleS)*time.Second)
 			return nil
-		},
+		}),
 	}
 	set.Flags().IntVar(&min, "min", 0, "idle sandboxes to keep ready")
 	set.Flags().IntVar(&max, "max", 0, "idle sandboxes at most (default: --min); the pool grows toward it on misses")
@@ -64,16 +59,10 @@ users' sandboxes and empty themselves when host memory runs low.`,
 		Aliases: []string{"list"},
 		Short:   "List pools with idle count, hits, misses and refill time",
 		Args:    argsRange(0, 0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			list, err := c.Pools(ctx)
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if asJSON {
 				if list == nil {
@@ -87,25 +76,19 @@ users' sandboxes and empty themselves when host memory runs low.`,
 				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.0f\n", p.Template, p.Min, p.Max, p.Target, p.Idle, p.Hits, p.Misses, p.RefillMSAvg)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	rm := &cobra.Command{
 		Use:   "rm TEMPLATE",
 		Short: "Remove a template's pool and stop its idle sandboxes",
 		Args:  argsRange(1, 1, "a template name"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
+			if _, err := c.SetPool(ctx, args[0], 0, 0, 0); err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			if _, err := c.SetPool(ctx, args[0], 0, 0, 0); err != nil {
-				return apiFailure(cmd, err)
-			}
 			return nil
-		},
+		}),
 	}
 	cmd.AddCommand(set, ls, rm)
 	return cmd

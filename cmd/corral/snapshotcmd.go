@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"text/tabwriter"
@@ -22,23 +23,17 @@ and thaws it. Start sandboxes from it with corral sandbox create --snapshot.
 Processes and memory are not saved.`,
 		Example: "  snap=$(corral sandbox snapshot $id)\n  corral sandbox create --snapshot $snap",
 		Args:    argsRange(1, 1, "a sandbox id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			sn, err := c.Snapshot(ctx, args[0], name)
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if asJSON {
 				return printJSON(sn)
 			}
 			fmt.Println(sn.ID)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&name, "name", "", "a name for the snapshot")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
@@ -52,20 +47,14 @@ func newSandboxSaveCmd(g *clientGlobals) *cobra.Command {
 		Short:   "Save a sandbox's files as a new template version (install deps, then save)",
 		Example: "  corral sandbox exec $id -- pip install pandas && corral sandbox save $id data:1",
 		Args:    argsRange(2, 2, "a sandbox id and NAME:VERSION"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
+			t, err := c.SaveTemplate(ctx, args[0], args[1])
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			t, err := c.SaveTemplate(ctx, args[0], args[1])
-			if err != nil {
-				return apiFailure(cmd, err)
-			}
 			fmt.Println(t.Ref)
 			return nil
-		},
+		}),
 	}
 }
 
@@ -76,25 +65,19 @@ func newSandboxForkCmd(g *clientGlobals) *cobra.Command {
 		Use:   "fork ID [--count N]",
 		Short: "Snapshot a sandbox and start N copies of it; print their ids",
 		Args:  argsRange(1, 1, "a sandbox id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			if count < 1 || count > 10 {
 				return usageError(cmd, "--count must be 1..10")
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
 			sbs, err := c.Fork(ctx, args[0], count)
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			for _, sb := range sbs {
 				fmt.Println(sb.ID)
 			}
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "how many copies (1..10)")
 	return cmd
@@ -110,16 +93,10 @@ func newSnapshotCmd(g *clientGlobals) *cobra.Command {
 		Aliases: []string{"list"},
 		Short:   "List snapshots, newest first",
 		Args:    argsRange(0, 0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			list, err := c.ListSnapshots(ctx, sandbox)
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if asJSON {
 				if list == nil {
@@ -133,7 +110,7 @@ func newSnapshotCmd(g *clientGlobals) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", s.ID, orDash(s.Name), s.Sandbox, s.Template, s.Layers, s.SizeBytes)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	ls.Flags().StringVar(&sandbox, "sandbox", "", "only snapshots of this sandbox")
@@ -141,20 +118,14 @@ func newSnapshotCmd(g *clientGlobals) *cobra.Command {
 		Use:   "rm ID...",
 		Short: "Remove snapshots that nothing uses",
 		Args:  argsRange(1, -1, "snapshot ids"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			for _, id := range args {
 				if err := c.DeleteSnapshot(ctx, id); err != nil {
-					return apiFailure(cmd, err)
+					return err
 				}
 			}
 			return nil
-		},
+		}),
 	}
 	cmd.AddCommand(ls, rm)
 	return cmd

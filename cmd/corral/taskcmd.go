@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -39,7 +40,7 @@ func newTaskCreateCmd(g *clientGlobals) *cobra.Command {
 		Short:   "Create a task and print its id",
 		Example: "  task=$(corral task create --agent researcher --max-calls 50 --max-duration 30m)\n  corral run --task $task -- python3 step1.py",
 		Args:    argsRange(0, 0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			if maxDuration != "" {
 				d, err := parseDurationArg(maxDuration)
 				if err != nil || d < time.Second {
@@ -50,22 +51,16 @@ func newTaskCreateCmd(g *clientGlobals) *cobra.Command {
 			if o.MaxCalls < 0 || o.MaxTokens < 0 || o.MaxSandboxes < 0 || o.MaxCPUSeconds < 0 {
 				return usageError(cmd, "budgets must be positive")
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
 			t, err := c.CreateTask(ctx, o)
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if asJSON {
 				return printJSON(t)
 			}
 			fmt.Println(t.ID)
 			return nil
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Agent, "agent", "", "agent name (for per-agent limits and the audit log)")
@@ -105,22 +100,16 @@ func newTaskGetCmd(g *clientGlobals) *cobra.Command {
 		Use:   "get ID [--json]",
 		Short: "Show a task's budgets, usage and breaker",
 		Args:  argsRange(1, 1, "a task id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			t, err := c.GetTask(ctx, args[0])
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if asJSON {
 				return printJSON(t)
 			}
 			return printTask(t)
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
@@ -134,16 +123,10 @@ func newTaskLsCmd(g *clientGlobals) *cobra.Command {
 		Aliases: []string{"list"},
 		Short:   "List tasks (open and tripped by default)",
 		Args:    argsRange(0, 0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			list, err := c.ListTasks(ctx, state)
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if asJSON {
 				if list == nil {
@@ -161,7 +144,7 @@ func newTaskLsCmd(g *clientGlobals) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\n", t.ID, orDash(t.Agent), t.State, t.Usage.Calls, t.Budgets.MaxCalls, len(t.Sandboxes), br)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&state, "state", "", "open, tripped, ended or all")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -179,7 +162,7 @@ func newTaskChangeCmd(g *clientGlobals) *cobra.Command {
 		Example: `  corral task raise $task --max-calls 100 --reset
   corral task raise $task --reset          # close the breaker, keep the budgets`,
 		Args: argsRange(1, 1, "a task id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			fl := cmd.Flags()
 			if fl.Changed("max-calls") {
 				ch.MaxCalls = &calls
@@ -201,18 +184,12 @@ func newTaskChangeCmd(g *clientGlobals) *cobra.Command {
 				s := int64(d / time.Second)
 				ch.MaxDurationS = &s
 			}
-			c, err := g.client()
+			t, err := c.ChangeTask(ctx, args[0], ch)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			t, err := c.ChangeTask(ctx, args[0], ch)
-			if err != nil {
-				return apiFailure(cmd, err)
-			}
 			return printTask(t)
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.Int64Var(&calls, "max-calls", 0, "new tool-call budget")
@@ -229,18 +206,12 @@ func newTaskEndCmd(g *clientGlobals) *cobra.Command {
 		Use:   "end ID",
 		Short: "End a task and kill its sandboxes",
 		Args:  argsRange(1, 1, "a task id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
+			if _, err := c.EndTask(ctx, args[0]); err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			if _, err := c.EndTask(ctx, args[0]); err != nil {
-				return apiFailure(cmd, err)
-			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -249,23 +220,17 @@ func newTaskTokensCmd(g *clientGlobals) *cobra.Command {
 		Use:   "tokens ID N",
 		Short: "Report N model tokens spent by the task's agent",
 		Args:  argsRange(2, 2, "a task id and a number of tokens"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			n, err := strconv.ParseInt(args[1], 10, 64)
 			if err != nil || n < 0 {
 				return usageError(cmd, "tokens must be a non-negative integer")
 			}
-			c, err := g.client()
+			t, err := c.ReportTokens(ctx, args[0], n)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			t, err := c.ReportTokens(ctx, args[0], n)
-			if err != nil {
-				return apiFailure(cmd, err)
-			}
 			fmt.Printf("%d / %d tokens\n", t.Usage.Tokens, t.Budgets.MaxTokens)
 			return nil
-		},
+		}),
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -106,7 +107,7 @@ version's layer. Progress streams to stderr; a failed build registers
 nothing. The new version becomes the template's current version.`,
 		Example: "  corral template build -f env.yaml",
 		Args:    argsRange(0, 0, "no arguments (the spec is -f FILE)"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			if specPath == "" {
 				return usageError(cmd, "give the spec with -f FILE")
 			}
@@ -114,19 +115,13 @@ nothing. The new version becomes the template's current version.`,
 			if err != nil {
 				return usageError(cmd, "%v", err)
 			}
-			c, err := g.client()
+			t, err := c.BuildTemplate(ctx, spec, func(line string) { fmt.Fprintln(os.Stderr, line) })
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			t, err := c.BuildTemplate(ctx, spec, func(line string) { fmt.Fprintln(os.Stderr, line) })
-			if err != nil {
-				return apiFailure(cmd, err)
-			}
 			fmt.Println(t.Ref)
 			return nil
-		},
+		}),
 	}
 	build.Flags().StringVarP(&specPath, "file", "f", "", "spec file (YAML or JSON)")
 
@@ -136,20 +131,14 @@ nothing. The new version becomes the template's current version.`,
 		Aliases: []string{"list"},
 		Short:   "List template versions",
 		Args:    argsRange(0, 1, "at most a template name"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			name := ""
 			if len(args) == 1 {
 				name = args[0]
 			}
 			list, err := c.Templates(ctx, name)
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if asJSON {
 				if list == nil {
@@ -167,44 +156,32 @@ nothing. The new version becomes the template's current version.`,
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", t.Ref, cur, t.Source, t.Layers, t.SizeBytes>>20, orDash(t.Parent), t.CreatedAt.Local().Format("2006-01-02 15:04"))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	use := &cobra.Command{
 		Use:   "use NAME:VERSION",
 		Short: "Make a version current (rollback); running sandboxes keep theirs",
 		Args:  argsRange(1, 1, "NAME:VERSION"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
+			t, err := c.UseTemplate(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			t, err := c.UseTemplate(ctx, args[0])
-			if err != nil {
-				return apiFailure(cmd, err)
-			}
 			fmt.Println(t.Ref)
 			return nil
-		},
+		}),
 	}
 	rm := &cobra.Command{
 		Use:   "rm NAME:VERSION",
 		Short: "Delete a template version nothing uses",
 		Args:  argsRange(1, 1, "NAME:VERSION"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
+			if err := c.DeleteTemplate(ctx, args[0]); err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			if err := c.DeleteTemplate(ctx, args[0]); err != nil {
-				return apiFailure(cmd, err)
-			}
 			return nil
-		},
+		}),
 	}
 	var layout string
 	imp := &cobra.Command{
@@ -213,14 +190,9 @@ nothing. The new version becomes the template's current version.`,
 		Example: `  docker save python:3.12-slim > py.tar && corral template import py:3.12 py.tar
   corral template import py:3.12 --layout /srv/images/py`,
 		Args: argsRange(1, 2, "NAME:VERSION and a tarball"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			var res *corral.ImportedTemplate
+			var err error
 			switch {
 			case layout != "" && len(args) == 1:
 				abs, _ := filepath.Abs(layout)
@@ -236,12 +208,12 @@ nothing. The new version becomes the template's current version.`,
 				return usageError(cmd, "give a tarball or --layout DIR")
 			}
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			fmt.Fprint(os.Stderr, res.Log)
 			fmt.Println(res.Template.Ref)
 			return nil
-		},
+		}),
 	}
 	imp.Flags().StringVar(&layout, "layout", "", "an OCI image layout directory on the server's host")
 	var insecure bool
@@ -250,21 +222,15 @@ nothing. The new version becomes the template's current version.`,
 		Short:   "Import an image from a registry the server can reach",
 		Example: "  corral template pull py:3.12 registry.example.com/python:3.12-slim",
 		Args:    argsRange(2, 2, "NAME:VERSION and an image reference"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			res, err := c.PullTemplate(ctx, args[0], args[1], insecure)
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			fmt.Fprint(os.Stderr, res.Log)
 			fmt.Println(res.Template.Ref)
 			return nil
-		},
+		}),
 	}
 	pull.Flags().BoolVar(&insecure, "insecure", false, "allow a plain-HTTP registry")
 	var top int
@@ -273,16 +239,10 @@ nothing. The new version becomes the template's current version.`,
 		Use:   "inspect NAME[:VERSION] [--top N] [--json]",
 		Short: "Show a template's size by layer and its largest files",
 		Args:  argsRange(1, 1, "a template"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			layers, err := c.InspectTemplate(ctx, args[0], top)
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if inspJSON {
 				return printJSON(layers)
@@ -294,7 +254,7 @@ nothing. The new version becomes the template's current version.`,
 				}
 			}
 			return nil
-		},
+		}),
 	}
 	inspect.Flags().IntVar(&top, "top", 10, "largest files per layer")
 	inspect.Flags().BoolVar(&inspJSON, "json", false, "print JSON")

@@ -200,7 +200,7 @@ func (f *DNSFilter) answer(r *dns.Msg, remote net.Addr, ev *Event) (int, []netip
 		return dns.RcodeRefused, nil
 	}
 
-	client, ok := clientAddr(remote)
+	client, ok := addrOf(remote)
 	if !ok {
 		ev.Reason = "unknown client"
 		return dns.RcodeRefused, nil
@@ -296,23 +296,6 @@ func (f *DNSFilter) emit(ev Event, rcode int) {
 	if f.cfg.OnEvent != nil {
 		f.cfg.OnEvent(ev)
 	}
-}
-
-// clientAddr extracts the unmapped source address of a query.
-func clientAddr(a net.Addr) (netip.Addr, bool) {
-	var ap netip.AddrPort
-	switch v := a.(type) {
-	case *net.UDPAddr:
-		ap = v.AddrPort()
-	case *net.TCPAddr:
-		ap = v.AddrPort()
-	default:
-		return netip.Addr{}, false
-	}
-	if !ap.Addr().IsValid() {
-		return netip.Addr{}, false
-	}
-	return ap.Addr().Unmap().WithZone(""), true
 }
 
 func typeString(t uint16) string {

@@ -50,20 +50,7 @@ func (s *Store) GetSecret(ctx context.Context, name string) (*Secret, error) {
 
 // ListSecrets returns every secret, by name.
 func (s *Store) ListSecrets(ctx context.Context) ([]*Secret, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, hosts, header, value, created_at, updated_at FROM secrets ORDER BY name`)
-	if err != nil {
-		return nil, fmt.Errorf("list secrets: %w", err)
-	}
-	defer rows.Close()
-	var out []*Secret
-	for rows.Next() {
-		sec, err := scanSecret(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list secrets: %w", err)
-		}
-		out = append(out, sec)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, "list secrets", `SELECT name, hosts, header, value, created_at, updated_at FROM secrets ORDER BY name`, nil, scanSecret)
 }
 
 // DeleteSecret removes the secret called name.
@@ -78,7 +65,7 @@ func (s *Store) DeleteSecret(ctx context.Context, name string) error {
 	return nil
 }
 
-func scanSecret(sc interface{ Scan(...any) error }) (*Secret, error) {
+func scanSecret(sc scanner) (*Secret, error) {
 	var sec Secret
 	var hosts string
 	var created, updated int64

@@ -76,48 +76,19 @@ func (s *Store) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*S
 		q += ` AND name=?`
 		args = append(args, name)
 	}
-	rows, err := s.db.QueryContext(ctx, q+` ORDER BY created_at DESC, id`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list snapshots: %w", err)
-	}
-	defer rows.Close()
-	var out []*Snapshot
-	for rows.Next() {
-		sn, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list snapshots: %w", err)
-		}
-		out = append(out, sn)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, "list snapshots", q+` ORDER BY created_at DESC, id`, args, scanSnapshot)
 }
 
 // SnapshotUsers returns what still needs snapshot id: running or paused
 // sandboxes started from it and snapshots whose chain contains it.
 func (s *Store) SnapshotUsers(ctx context.Context, id string) (sandboxes, snapshots []string, err error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id FROM sandboxes WHERE (snapshot=? OR persisted=?) AND state<>?`, id, id, StateEnded)
+	sandboxes, err = queryAll(ctx, s.db, "snapshot users", `SELECT id FROM sandboxes WHERE (snapshot=? OR persisted=?) AND state<>?`,
+		[]any{id, id, StateEnded}, scanString)
 	if err != nil {
 		return nil, nil, err
 	}
-	for rows.Next() {
-		var x string
-		if rows.Scan(&x) == nil {
-			sandboxes = append(sandboxes, x)
-		}
-	}
-	rows.Close()
-	rows, err = s.db.QueryContext(ctx, `SELECT id FROM snapshots WHERE parent=?`, id)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var x string
-		if rows.Scan(&x) == nil {
-			snapshots = append(snapshots, x)
-		}
-	}
-	return sandboxes, snapshots, rows.Err()
+	snapshots, err = queryAll(ctx, s.db, "snapshot users", `SELECT id FROM snapshots WHERE parent=?`, []any{id}, scanString)
+	return sandboxes, snapshots, err
 }
 
 // MarkSnapshotDeleted hides snapshot id (no new sandbox can start from
@@ -135,19 +106,7 @@ func (s *Store) MarkSnapshotDeleted(ctx context.Context, id string) error {
 
 // DeletedSnapshots returns the ids of snapshots marked deleted.
 func (s *Store) DeletedSnapshots(ctx context.Context) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id FROM snapshots WHERE deleted=1`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if rows.Scan(&id) == nil {
-			ids = append(ids, id)
-		}
-	}
-	return ids, rows.Err()
+	return queryAll(ctx, s.db, "deleted snapshots", `SELECT id FROM snapshots WHERE deleted=1`, nil, scanString)
 }
 
 // DeleteSnapshot removes the record of snapshot id.
@@ -162,7 +121,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	return nil
 }
 
-func scanSnapshot(sc interface{ Scan(...any) error }) (*Snapshot, error) {
+func scanSnapshot(sc scanner) (*Snapshot, error) {
 	var sn Snapshot
 	var l string
 	var created int64
@@ -199,18 +158,10 @@ func (s *Store) PutPool(ctx context.Context, template string, min, max int, maxI
 
 // ListPools returns every stored pool configuration.
 func (s *Store) ListPools(ctx context.Context) ([]Pool, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT template, min, max, max_idle_s FROM pools ORDER BY template`)
-	if err != nil {
-		return nil, fmt.Errorf("list pools: %w", err)
-	}
-	defer rows.Close()
-	var out []Pool
-	for rows.Next() {
-		var p Pool
-		if err := rows.Scan(&p.Template, &p.Min, &p.Max, &p.MaxIdleS); err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, "list pools", `SELECT template, min, max, max_idle_s FROM pools ORDER BY template`, nil,
+		func(sc scanner) (Pool, error) {
+			var p Pool
+			err := sc.Scan(&p.Template, &p.Min, &p.Max, &p.MaxIdleS)
+			return p, err
+		})
 }

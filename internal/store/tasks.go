@@ -129,20 +129,7 @@ func (s *Store) ListTasks(ctx context.Context, states ...string) ([]*Task, error
 		}
 	}
 	q += ` ORDER BY created_at DESC, id`
-	rows, err := s.db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list tasks: %w", err)
-	}
-	defer rows.Close()
-	var out []*Task
-	for rows.Next() {
-		t, err := scanTask(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list tasks: %w", err)
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, "list tasks", q, args, scanTask)
 }
 
 func repeatString(s string, n int) string {
@@ -153,7 +140,7 @@ func repeatString(s string, n int) string {
 	return out
 }
 
-func scanTask(sc interface{ Scan(...any) error }) (*Task, error) {
+func scanTask(sc scanner) (*Task, error) {
 	var t Task
 	var b, u, br, a string
 	var created int64
@@ -184,18 +171,5 @@ func (s *Store) TaskSandboxes(ctx context.Context, taskID string, states ...stri
 			args = append(args, st)
 		}
 	}
-	rows, err := s.db.QueryContext(ctx, q+` ORDER BY created_at`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("task sandboxes: %w", err)
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
+	return queryAll(ctx, s.db, "task sandboxes", q+` ORDER BY created_at`, args, scanString)
 }

@@ -93,20 +93,7 @@ func (s *Store) ListTemplateVersions(ctx context.Context, name string) ([]*Templ
 		q += ` WHERE name=?`
 		args = append(args, name)
 	}
-	rows, err := s.db.QueryContext(ctx, q+` ORDER BY name, created_at DESC, version`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list templates: %w", err)
-	}
-	defer rows.Close()
-	var out []*TemplateVersion
-	for rows.Next() {
-		t, err := scanTemplate(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, "list templates", q+` ORDER BY name, created_at DESC, version`, args, scanTemplate)
 }
 
 // SetCurrentTemplate makes name:version the current version (rollback).
@@ -139,17 +126,13 @@ func (s *Store) TemplateUsers(ctx context.Context, ref string) ([]string, error)
 		{`SELECT name || ':' || version FROM template_versions WHERE parent=?`, "template "},
 	}
 	for _, x := range q {
-		rows, err := s.db.QueryContext(ctx, x.sql, ref)
+		ids, err := queryAll(ctx, s.db, "template users", x.sql, []any{ref}, scanString)
 		if err != nil {
 			return nil, err
 		}
-		for rows.Next() {
-			var id string
-			if rows.Scan(&id) == nil {
-				users = append(users, x.prefix+id)
-			}
+		for _, id := range ids {
+			users = append(users, x.prefix+id)
 		}
-		rows.Close()
 	}
 	return users, nil
 }
@@ -166,7 +149,7 @@ func (s *Store) DeleteTemplateVersion(ctx context.Context, name, version string)
 	return nil
 }
 
-func scanTemplate(sc interface{ Scan(...any) error }) (*TemplateVersion, error) {
+func scanTemplate(sc scanner) (*TemplateVersion, error) {
 	var t TemplateVersion
 	var l, c string
 	var created int64
