@@ -182,19 +182,7 @@ func buildBaseInto(ctx context.Context, tmp, final string, opts BaseOptions, pkg
 	if err := logf.Close(); err != nil {
 		return Template{}, fmt.Errorf("close build log: %w", err)
 	}
-	if err := writeManifest(tmp, m); err != nil {
-		return Template{}, err
-	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return Template{}, fmt.Errorf("chmod build dir: %w", err)
-	}
-	if err := ctx.Err(); err != nil {
-		return Template{}, err
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		return Template{}, fmt.Errorf("install build: %w", err)
-	}
-	if err := syncDir(filepath.Dir(final)); err != nil {
+	if err := installBuildDir(ctx, tmp, final, m); err != nil {
 		return Template{}, err
 	}
 	prog.done("built %s in %s, %d MB", filepath.Base(final), time.Since(start).Round(time.Second), size>>20)
@@ -511,4 +499,23 @@ func syncDir(dir string) error {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
+}
+
+// installBuildDir writes the manifest (last, so that a build dir with a
+// manifest is complete), opens the dir to everyone and renames it into
+// place atomically, then syncs the parent directory.
+func installBuildDir(ctx context.Context, tmp, final string, m Manifest) error {
+	if err := writeManifest(tmp, m); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return fmt.Errorf("chmod build dir: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return fmt.Errorf("install %s: %w", filepath.Base(final), err)
+	}
+	return syncDir(filepath.Dir(final))
 }

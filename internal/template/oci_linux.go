@@ -250,19 +250,7 @@ func importInto(ctx context.Context, img v1.Image, h v1.Hash, src ImportSource, 
 	if err := syncFS(tmp); err != nil {
 		return ImportResult{}, err
 	}
-	if err := writeManifest(tmp, m); err != nil {
-		return ImportResult{}, err
-	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return ImportResult{}, fmt.Errorf("chmod build dir: %w", err)
-	}
-	if err := ctx.Err(); err != nil {
-		return ImportResult{}, err
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		return ImportResult{}, fmt.Errorf("install import: %w", err)
-	}
-	if err := syncDir(filepath.Dir(final)); err != nil {
+	if err := installBuildDir(ctx, tmp, final, m); err != nil {
 		return ImportResult{}, err
 	}
 	log.printf("done: %s", final)
