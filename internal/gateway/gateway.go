@@ -37,7 +37,7 @@ const ExplicitProxyPort = 3128
 type Config struct {
 	// Range numbers the veth pairs (default netns.DefaultRange).
 	Range netip.Prefix
-	// Instance tells corral servers on one host apart (1-3 of [a-z0-9]).
+	// Instance tells corral servers on one host apart (1-5 of [a-z0-9]).
 	Instance string
 	// Dir holds the namespace files, resolv.conf and CA bundles.
 	Dir string
@@ -308,6 +308,10 @@ func (g *Gateway) Adopt(keep func(id string) bool) ([]*netns.Link, error) {
 	}
 	return links, err
 }
+
+// Ensure reinstalls the nftables table if it went missing; see
+// netns.Manager.Ensure.
+func (g *Gateway) Ensure() (bool, error) { return g.nets.Ensure() }
 
 // Reap removes veth pairs and rules of sandboxes that are not registered
 // here and that keep does not report live; it returns their ids.

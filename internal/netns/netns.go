@@ -55,7 +55,7 @@ type Config struct {
 	Range netip.Prefix
 	// Instance distinguishes corral servers on one host (derived from the
 	// data directory): it names the nftables table and prefixes interface
-	// names. At most 3 characters of [a-z0-9].
+	// names. At most 5 characters of [a-z0-9].
 	Instance string
 	// NSDir is where named network namespaces are bind-mounted.
 	NSDir string
@@ -103,8 +103,8 @@ func New(cfg Config) (*Manager, error) {
 	if !cfg.Range.Addr().Is4() || cfg.Range.Bits() > 28 {
 		return nil, fmt.Errorf("netns: range %s: need an IPv4 prefix of /28 or larger", cfg.Range)
 	}
-	if len(cfg.Instance) == 0 || len(cfg.Instance) > 3 || strings.Trim(cfg.Instance, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
-		return nil, fmt.Errorf("netns: instance %q: need 1 to 3 characters of [a-z0-9]", cfg.Instance)
+	if len(cfg.Instance) == 0 || len(cfg.Instance) > 5 || strings.Trim(cfg.Instance, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
+		return nil, fmt.Errorf("netns: instance %q: need 1 to 5 characters of [a-z0-9]", cfg.Instance)
 	}
 	if cfg.ProxyPort == 0 || cfg.DNSPort == 0 {
 		return nil, errors.New("netns: proxy and DNS ports are required")

@@ -312,3 +312,25 @@ func TestReapRemovesUnknown(t *testing.T) {
 		t.Fatalf("kept interface removed: %v", err)
 	}
 }
+
+// TestEnsureRestoresTable: a deleted table (nft flush ruleset) comes back
+// with the rules of the sandboxes the manager knows.
+func TestEnsureRestoresTable(t *testing.T) {
+	tn := newTestManager(t)
+	m := tn.m
+	if _, err := m.Create("kept"); err != nil {
+		t.Fatal(err)
+	}
+	if restored, err := m.Ensure(); err != nil || restored {
+		t.Fatalf("Ensure with the table in place: %v %v", restored, err)
+	}
+	if err := m.deleteTable(); err != nil {
+		t.Fatal(err)
+	}
+	if restored, err := m.Ensure(); err != nil || !restored {
+		t.Fatalf("Ensure after the table was deleted: %v %v", restored, err)
+	}
+	if n := countRules(t, m, "kept"); n != 1 {
+		t.Fatalf("kept has %d rules after the restore, want 1", n)
+	}
+}

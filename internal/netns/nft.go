@@ -228,3 +228,38 @@ func redirect(p uint16) []expr.Any {
 func verdict(k expr.VerdictKind) []expr.Any {
 	return []expr.Any{&expr.Verdict{Kind: k}}
 }
+
+// Ensure reinstalls this instance's table (with every known sandbox's
+// rule) when it is missing, for example after someone ran
+// `nft flush ruleset`: without it, sandbox traffic to the host would no
+// longer be confined. It reports whether it had to.
+func (m *Manager) Ensure() (bool, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return false, fmt.Errorf("netns: nftables: %w", err)
+	}
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return false, fmt.Errorf("netns: list tables: %w", err)
+	}
+	for _, t := range tables {
+		if t.Name == m.table {
+			return false, nil
+		}
+	}
+	if err := m.installTable(); err != nil {
+		return true, err
+	}
+	m.mu.Lock()
+	links := make([]*Link, 0, len(m.links))
+	for _, l := range m.links {
+		links = append(links, l)
+	}
+	m.mu.Unlock()
+	for _, l := range links {
+		if err := m.addSandboxRules(l.ID, l.HostIf, l.Addr); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
+}

@@ -973,6 +973,14 @@ func (m *Manager) watch() {
 			m.EndIfDead(context.Background(), id, 0)
 		}
 		m.chargeCPU()
+		if gw := m.cfg.Gateway; gw != nil {
+			if restored, err := gw.Ensure(); err != nil {
+				m.log.Error("sandbox firewall", "err", err)
+			} else if restored {
+				m.log.Warn("the sandbox nftables table was missing and has been restored")
+				m.audit("", "network.table_restored", map[string]any{"note": "the nftables table was missing (flushed?) and was reinstalled"})
+			}
+		}
 		go m.refillPools()
 		if reap++; time.Duration(reap)*m.cfg.WatchInterval >= ReapInterval {
 			reap = 0

@@ -264,11 +264,16 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}}, nil
 }
 
+// InstanceTagLen is the length of a server's instance tag: 5 hex digits
+// (about a million values), so that servers on one host do not collide;
+// interface names keep 8 hex digits of the sandbox id.
+const InstanceTagLen = 5
+
 // instanceTag tells corral servers with different data dirs apart on one
 // host (nftables table and interface names).
 func instanceTag(dataDir string) string {
 	sum := sha256.Sum256([]byte(dataDir))
-	return hex.EncodeToString(sum[:])[:3]
+	return hex.EncodeToString(sum[:])[:InstanceTagLen]
 }
 
 // openGateway starts the network gateway: egress CA, resolver, listeners

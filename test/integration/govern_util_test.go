@@ -356,7 +356,7 @@ func freeAddr(t *testing.T) string {
 // internal/server): nftables table corral_TAG, interfaces crTAG....
 func instanceTagOf(dataDir string) string {
 	sum := sha256.Sum256([]byte(dataDir))
-	return hex.EncodeToString(sum[:])[:3]
+	return hex.EncodeToString(sum[:])[:5]
 }
 
 // vethName is the host-side interface of sandbox id (see internal/netns).

@@ -763,7 +763,7 @@ func tryStartNetServer(t *testing.T, fx *netFixture, name string, configure func
 	s.ts = ts
 	s.c = corral.New(ts.URL, ts.Key)
 	sum := sha256.Sum256([]byte(ts.DataDir))
-	s.tag = hex.EncodeToString(sum[:])[:3]
+	s.tag = hex.EncodeToString(sum[:])[:5]
 	t.Cleanup(func() {
 		if t.Failed() {
 			lines := strings.Split(s.log.String(), "\n")

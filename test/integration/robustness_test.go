@@ -174,7 +174,7 @@ func hostSnapshot(t *testing.T) map[string]int {
 // nftTable is the shared server's nftables table (see internal/server).
 func nftTable() string {
 	sum := sha256.Sum256([]byte(env.dataDir))
-	return "corral_" + hex.EncodeToString(sum[:])[:3]
+	return "corral_" + hex.EncodeToString(sum[:])[:5]
 }
 
 func countRunning(t *testing.T) int {
