@@ -164,10 +164,10 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec TemplateSpec, progress
 		return nil, errors.New("template builds are not configured")
 	}
 	dir := filepath.Join(m.cfg.TemplateDir, spec.Name, spec.Version)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(dir, 0o711); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("template build dir: %w", err)
 	}
 	defer func() {

@@ -293,10 +293,10 @@ func (m *Manager) SaveTemplate(ctx context.Context, id, ref string) (*store.Temp
 		return nil, errors.New("templates are not configured")
 	}
 	dir := filepath.Join(m.cfg.TemplateDir, name, version)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(dir, 0o711); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("template dir: %w", err)
 	}
 	layer := filepath.Join(dir, "layer")

@@ -184,6 +184,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
+	lockDownDirs(cfg)
 	agentBin, err := installAgent(cfg.AgentBinary, cfg.DataDir)
 	if err != nil {
 		st.Close()
@@ -495,4 +496,31 @@ func (t templateSource) RootFS(name string) (string, error) {
 // TemplateRootFS returns the rootfs directory of a registered template.
 func (s *Server) TemplateRootFS(name string) (string, error) {
 	return s.templates.RootFS(name)
+}
+
+// lockDownDirs keeps host users out of the trees that hold files owned by
+// the shifted sandbox root (setuid sudo among them), also on data dirs made
+// by older versions: template builds, imports, snapshot and template
+// layers are root-only; each sandbox's dir is root:100000 mode 0710 (the
+// sandbox's root must reach its rootfs and run dir).
+func lockDownDirs(cfg Config) {
+	cache := cfg.TemplateCache
+	if cache == "" {
+		cache = template.DefaultCacheDir()
+	}
+	for _, d := range []string{cache, filepath.Join(cfg.DataDir, "snapshots"), filepath.Join(cfg.DataDir, "template-versions")} {
+		if _, err := os.Stat(d); err == nil {
+			if err := template.PrivateDir(d); err != nil {
+				cfg.Log.Warn("lock down directory", "dir", d, "err", err)
+			}
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(cfg.DataDir, "sandboxes"))
+	for _, e := range ents {
+		p := filepath.Join(cfg.DataDir, "sandboxes", e.Name())
+		if e.IsDir() {
+			_ = os.Chown(p, 0, template.ContainerIDOffset)
+			_ = os.Chmod(p, 0o710)
+		}
+	}
 }

@@ -56,7 +56,7 @@ func BuildBase(ctx context.Context, cacheDir string, opts BaseOptions) (Template
 	if os.Geteuid() != 0 {
 		return Template{}, fmt.Errorf("build base template %s: building needs root (debootstrap, chroot, chown)", name)
 	}
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+	if err := PrivateDir(cacheDir); err != nil {
 		return Template{}, fmt.Errorf("build base template: %w", err)
 	}
 	prog := newProgress(opts.Progress)
@@ -518,4 +518,16 @@ func installBuildDir(ctx context.Context, tmp, final string, m Manifest) error {
 		return fmt.Errorf("install %s: %w", filepath.Base(final), err)
 	}
 	return syncDir(filepath.Dir(final))
+}
+
+// PrivateDir creates dir (and its parents) and makes it accessible to
+// root only. Template trees hold setuid binaries owned by the shifted
+// sandbox root (sudo is setuid 100000): a host user who could reach them
+// could become that uid and change the templates every sandbox mounts.
+// Sandboxes never need the path: their overlay is mounted by root.
+func PrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o700)
 }

@@ -5,6 +5,7 @@ package template
 import (
 	"context"
 	"errors"
+	"os"
 )
 
 var errNotLinux = errors.New("templates can only be built on Linux")
@@ -18,4 +19,12 @@ func BuildBase(ctx context.Context, cacheDir string, opts BaseOptions) (Template
 // Linux.
 func ShiftOwnership(root string, offset int) error {
 	return errNotLinux
+}
+
+// PrivateDir creates dir accessible to its owner only.
+func PrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o700)
 }

@@ -64,7 +64,7 @@ func ImportImage(ctx context.Context, cacheDir string, src ImportSource, progres
 	if err != nil {
 		return ImportResult{}, fmt.Errorf("import image: cache dir: %w", err)
 	}
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+	if err := PrivateDir(cacheDir); err != nil {
 		return ImportResult{}, fmt.Errorf("import image: %w", err)
 	}
 	log := &importLog{w: progress}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/corralhq/corral/internal/cgroups"
+	"github.com/corralhq/corral/internal/template"
 )
 
 // TestMemoryBomb (ATTACKS #2): a process that allocates without bound is
@@ -315,5 +316,40 @@ func testOutputBounded(t *testing.T, rt string) {
 	res := sh(t, id, "yes | head -c 5000000; echo -n END")
 	if !res.Truncated || res.StdoutBytes != 5000003 || len(res.Stdout) != 64<<10 || !strings.HasSuffix(res.Stdout, "y\nEND") {
 		t.Fatalf("truncated=%v bytes=%d len=%d tail=%q", res.Truncated, res.StdoutBytes, len(res.Stdout), res.Stdout[max(0, len(res.Stdout)-10):])
+	}
+}
+
+// TestHostUsersCannotReachSandboxFiles: template trees and each sandbox's
+// files hold setuid binaries owned by the shifted sandbox root (sudo is
+// setuid 100000); an unprivileged host user must not reach them, or they
+// could become that uid and change the templates every sandbox mounts.
+func TestHostUsersCannotReachSandboxFiles(t *testing.T) {
+	need(t)
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("needs setpriv (util-linux)")
+	}
+	id := create(t, nil)
+	mustSh(t, id, "echo inside > /tmp/x")
+	cache := template.DefaultCacheDir()
+	builds, _ := filepath.Glob(filepath.Join(cache, "base-*", "rootfs", "usr", "bin", "sudo"))
+	paths := append([]string{
+		filepath.Join(env.dataDir, "sandboxes", id, "rootfs", "usr", "bin", "sudo"),
+		filepath.Join(env.dataDir, "sandboxes", id, "disk", "upper", "tmp", "x"),
+	}, builds...)
+	if len(builds) == 0 {
+		t.Fatalf("no base template build under %s", cache)
+	}
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s does not exist for root: %v", p, err)
+		}
+		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "test", "-e", p).CombinedOutput()
+		if err == nil {
+			t.Errorf("host user nobody can reach %s (%s)", p, out)
+		}
+	}
+	// The sandbox itself still works, sudo included.
+	if got := mustSh(t, id, "sudo id -u"); got != "0\n" {
+		t.Fatalf("sudo inside the sandbox: %q", got)
 	}
 }

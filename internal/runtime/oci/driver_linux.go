@@ -141,7 +141,13 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 		return nil, fmt.Errorf("invalid runtime %q", cfg.Runtime)
 	}
 	dir := d.dir(cfg.ID)
-	if err := os.Mkdir(dir, 0o711); err != nil {
+	// Sandbox root (host uid/gid UIDBase) must reach the rootfs and its run
+	// dir; no other host user may (the overlay holds setuid binaries owned
+	// by that uid): root:UIDBase, mode 0710.
+	if err := os.Mkdir(dir, 0o710); err != nil {
+		return nil, fmt.Errorf("sandbox dir: %w", err)
+	}
+	if err := os.Chown(dir, 0, int(d.opts.UIDBase)); err != nil {
 		return nil, fmt.Errorf("sandbox dir: %w", err)
 	}
 	defer func() {

@@ -35,7 +35,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dst string) (int64, error) {
 	upper := filepath.Join(d.dir(id), "disk", "upper")
 	tmp := dst + ".partial"
 	_ = os.RemoveAll(tmp)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o711); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return 0, err
 	}
 	// cp -a keeps device nodes (overlay whiteouts are 0:0 character
