@@ -678,11 +678,21 @@ func TestWatchdog(t *testing.T) {
 			t.Fatal(err)
 		}
 		var ps []hostProcess
+		// The sleep itself, not the login shell that starts it (or one of
+		// its short-lived subshells, which carry the same command line).
+		isSleep := func(p hostProcess) bool { return p.Command == "sleep 300" }
+		var sleep *hostProcess
 		waitFor(t, "sleep 300 in the process list", time.Minute, func() bool {
 			ps = processesOf(t, s.url, s.key, sb.ID)
-			return findProcess(ps, "sleep 300") != nil
+			for i := range ps {
+				if isSleep(ps[i]) {
+					sleep = &ps[i]
+					return true
+				}
+			}
+			return false
 		})
-		sleep, agent := findProcess(ps, "sleep 300"), findProcess(ps, "/.corral/agent agent")
+		agent := findProcess(ps, "/.corral/agent agent")
 		if agent == nil || agent.User != "root" || agent.UID != 0 {
 			t.Fatalf("agent process %+v in %+v; want it as root", agent, ps)
 		}
