@@ -12,8 +12,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"time"
 
 	"github.com/corralhq/corral/internal/server"
+	"github.com/corralhq/corral/internal/watchdog"
 )
 
 // Server is a running test control plane.
@@ -69,7 +71,11 @@ func StartWith(cmdDir string, level slog.Level, configure func(*server.Config)) 
 	cfg := server.Config{
 		DataDir: s.DataDir, AgentBinary: s.Bin, Progress: os.Stderr, MaxOutput: 64 << 10,
 		KillOnShutdown: true, MaxSandboxes: 20,
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		// Some attack tests burn CPU for longer than the default 30 s
+		// runaway limit under gVisor's ptrace platform; the watchdog's
+		// rule has its own test with its own server.
+		Watchdog: watchdog.Config{CPURunawayFor: 5 * time.Minute},
+		Log:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	if configure != nil {
 		configure(&cfg)
