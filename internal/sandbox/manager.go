@@ -112,6 +112,9 @@ type Config struct {
 	// IdleTimeout ends sandboxes with no command running and none started
 	// or ended for this long (0: never). Recorded as end reason "idle".
 	IdleTimeout time.Duration
+	// RunawayAction is what the watchdog's CPU-runaway rule does:
+	// RunawayKillSandbox (default) or RunawayKillCommands.
+	RunawayAction string
 	// SnapshotDir holds snapshot layers ("" disables snapshots).
 	SnapshotDir string
 	// TemplateDir holds built and imported template versions.

@@ -3,6 +3,10 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/corralhq/corral/proto/process"
 
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/watchdog"
@@ -33,10 +37,50 @@ func (m *Manager) OnWatchdogEvent(ev watchdog.Event) {
 
 // OnRunaway applies the cpu_runaway policy: the sandbox is killed and
 // recorded with end reason cpu_runaway.
+//
+// With Config.RunawayAction "command", the sandbox's running commands
+// are killed instead (SIGKILL to each process the agent started) and the
+// sandbox lives on.
 func (m *Manager) OnRunaway(id string) {
+	if m.cfg.RunawayAction == RunawayKillCommands {
+		killed, err := m.killCommands(id)
+		if err == nil {
+			m.audit(id, "watchdog.runaway_action", map[string]any{"action": RunawayKillCommands, "killed_pids": killed})
+			return
+		}
+		m.log.Error("kill runaway commands; killing the sandbox", "id", id, "err", err)
+	}
 	if err := m.end(context.Background(), id, EndCPURunaway, "CPU above its runaway threshold for too long"); err != nil && !errors.Is(err, ErrNotFound) {
 		m.log.Error("stop runaway sandbox", "id", id, "err", err)
 	}
+}
+
+// Runaway actions (Config.RunawayAction).
+const (
+	RunawayKillSandbox  = "sandbox"
+	RunawayKillCommands = "command"
+)
+
+// killCommands sends SIGKILL to every process the sandbox's agent started.
+func (m *Manager) killCommands(id string) ([]uint32, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pc := m.ProcessClient(id)
+	resp, err := pc.List(ctx, connect.NewRequest(&process.ListRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	var killed []uint32
+	for _, p := range resp.Msg.GetProcesses() {
+		_, err := pc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{
+			Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: p.GetPid()}},
+			Signal:  process.Signal_SIGNAL_SIGKILL,
+		}))
+		if err == nil {
+			killed = append(killed, p.GetPid())
+		}
+	}
+	return killed, nil
 }
 
 // chargeCPU passes the watchdog's latest CPU readings to the tasks.

@@ -95,6 +95,9 @@ type Config struct {
 	Watchdog watchdog.Config
 	// IdleTimeout ends sandboxes idle this long (0: never).
 	IdleTimeout time.Duration
+	// RunawayAction is "sandbox" (default: kill the sandbox) or "command"
+	// (kill its running commands) when the CPU-runaway rule fires.
+	RunawayAction string
 	// Log is the server's logger.
 	Log *slog.Logger
 }
@@ -109,6 +112,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
+	}
+	switch c.RunawayAction {
+	case "", "sandbox", "command":
+	default:
+		return fmt.Errorf("cpu-runaway-action %q: use sandbox or command", c.RunawayAction)
 	}
 	switch c.E2BInternet {
 	case "", "none", "all-public":
@@ -229,7 +237,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace,
 		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
-		IdleTimeout: cfg.IdleTimeout, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
+		IdleTimeout: cfg.IdleTimeout, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
 		TemplateDir: filepath.Join(cfg.DataDir, "template-versions"),
 	}, st, drv, templateSource{tmpl}, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
