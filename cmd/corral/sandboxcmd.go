@@ -162,23 +162,17 @@ func newSandboxGetCmd(g *clientGlobals) *cobra.Command {
 		Use:   "get [flags] ID",
 		Short: "Show a sandbox (running or ended)",
 		Args:  argsRange(1, 1, "a sandbox ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			sb, err := c.Get(ctx, args[0])
 			if err != nil {
-				return apiFailure(cmd, err)
+				return err
 			}
 			if asJSON {
 				return printJSON(sb)
 			}
 			printSandbox(os.Stdout, sb)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
@@ -220,25 +214,19 @@ func newSandboxKillCmd(g *clientGlobals) *cobra.Command {
 		Use:   "kill ID...",
 		Short: "Kill sandboxes (SIGTERM, 3 s grace, SIGKILL, teardown)",
 		Args:  argsRange(1, -1, "at least one sandbox ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			var failed error
 			for _, id := range args {
 				if _, err := c.Kill(ctx, id); err != nil {
 					if len(args) == 1 {
-						return apiFailure(cmd, err)
+						return err
 					}
 					fmt.Fprintf(os.Stderr, "corral: %s: %v\n", id, err)
 					failed = exitError{1}
 				}
 			}
 			return failed
-		},
+		}),
 	}
 }
 
@@ -251,13 +239,8 @@ func newSandboxPauseCmd(g *clientGlobals, pause bool) *cobra.Command {
 		Use:   "pause ID",
 		Short: "Freeze every process of a sandbox (memory kept, lifetime clock stopped)",
 		Args:  argsRange(1, 1, "one sandbox ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ctx, stop := signalContext(cmd)
-			defer stop()
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
+			var err error
 			if pause && persist {
 				_, err = c.PausePersist(ctx, args[0])
 			} else if pause {
@@ -271,11 +254,8 @@ func newSandboxPauseCmd(g *clientGlobals, pause bool) *cobra.Command {
 				}
 				_, err = c.Resume(ctx, args[0], d)
 			}
-			if err != nil {
-				return apiFailure(cmd, err)
-			}
-			return nil
-		},
+			return err
+		}),
 	}
 	if pause {
 		cmd.Flags().BoolVar(&persist, "persist", false, "save the files and stop the processes (frees memory; resume restarts from the saved files)")

@@ -130,6 +130,8 @@ type taskState struct {
 	loop *LoopDetector
 	live map[string]bool    // running sandboxes
 	cpu  map[string]float64 // CPU seconds per sandbox (live and ended)
+	// dirty: usage changed since the task was last written (Sweep).
+	dirty bool
 }
 
 // New returns a Governor over st.
@@ -395,8 +397,21 @@ func (g *Governor) AdoptSandbox(ctx context.Context, id, sandbox string) {
 func (g *Governor) SandboxEnded(id, sandbox string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if ts := g.tasks[id]; ts != nil {
-		delete(ts.live, sandbox)
+	ts := g.tasks[id]
+	if ts == nil {
+		return
+	}
+	delete(ts.live, sandbox)
+	// An implicit task lives as long as its one sandbox: it ends with it
+	// (a tripped one keeps its breaker, so that late calls still hear
+	// why) and leaves memory.
+	if ts.t.Implicit && len(ts.live) == 0 {
+		if ts.t.State == store.TaskOpen {
+			now := g.cfg.Now().UTC()
+			ts.t.State, ts.t.EndedAt = store.TaskEnded, &now
+		}
+		g.persist(ts)
+		delete(g.tasks, id)
 	}
 }
 
@@ -502,20 +517,23 @@ func (g *Governor) UpdateCPU(id, sandbox string, seconds float64) {
 		total += v
 	}
 	ts.t.Usage.CPUSeconds = total
+	ts.dirty = true
 	if total > ts.t.Budgets.MaxCPUSeconds && !ts.t.Breaker.Open {
 		g.trip(ts, CodeBudgetExhausted, BudgetCPUSeconds, fmt.Sprintf("%.0f of %.0f CPU seconds used", total, ts.t.Budgets.MaxCPUSeconds))
 	}
 }
 
 // Sweep checks the wall-duration budget of every open task (call it
-// periodically) and writes CPU usage through to the store.
+// periodically) and writes CPU usage that changed through to the store.
 func (g *Governor) Sweep() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, ts := range g.tasks {
 		if ts.t.State == store.TaskOpen {
 			g.checkDuration(ts)
-			g.persist(ts)
+			if ts.dirty {
+				g.persist(ts)
+			}
 		}
 	}
 }
@@ -547,6 +565,7 @@ func (g *Governor) trip(ts *taskState, code, budget, reason string) {
 
 // persist writes the task. g.mu is held.
 func (g *Governor) persist(ts *taskState) {
+	ts.dirty = false
 	if err := g.st.UpdateTask(context.Background(), ts.t); err != nil {
 		g.cfg.Log.Error("record task", "task", ts.t.ID, "err", err)
 	}

@@ -222,3 +222,36 @@ func TestBadTaskRequests(t *testing.T) {
 		t.Fatalf("unknown task: %v", err)
 	}
 }
+
+// TestImplicitTaskEndsWithItsSandbox: an implicit task is closed and
+// leaves memory when its sandbox ends; a tripped one keeps its breaker.
+func TestImplicitTaskEndsWithItsSandbox(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	tk, err := f.g.CreateImplicit(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.g.AdmitSandbox(ctx, tk.ID, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	f.g.SandboxEnded(tk.ID, "s1")
+	if n := len(f.g.tasks); n != 0 {
+		t.Fatalf("%d tasks kept in memory", n)
+	}
+	got, err := f.st.GetTask(ctx, tk.ID)
+	if err != nil || got.State != store.TaskEnded || got.EndedAt == nil {
+		t.Fatalf("implicit task after its sandbox ended: %+v %v", got, err)
+	}
+
+	tripped, _ := f.g.CreateImplicit(ctx, "")
+	_ = f.g.AdmitSandbox(ctx, tripped.ID, "s2")
+	if _, err := f.g.ReportTokens(ctx, tripped.ID, DefaultBudgets.MaxTokens+1); err != nil {
+		t.Fatal(err)
+	}
+	<-f.trips
+	f.g.SandboxEnded(tripped.ID, "s2")
+	if err := f.g.Refusal(ctx, tripped.ID); tripCode(err) != "budget_exhausted/max_tokens" {
+		t.Fatalf("a tripped implicit task after its sandbox ended: %v", err)
+	}
+}

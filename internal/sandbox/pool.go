@@ -72,6 +72,8 @@ type pools struct {
 	// ids are the sandboxes the pools own (idle or starting), which the
 	// reaper must leave alone.
 	ids map[string]bool
+	// refilling keeps one refill pass at a time.
+	refilling sync.Mutex
 }
 
 // isPooled reports whether id is a sandbox a pool owns.
@@ -260,17 +262,14 @@ func (m *Manager) capacityLeft() int {
 	return limit - n - m.idleCount()
 }
 
-// refillMu keeps one refill pass at a time.
-var refillMu sync.Mutex
-
 // refillPools replaces pooled sandboxes past their idle age, tops every
 // pool up to its target within the global limit, and empties pools under
 // memory pressure. It runs from the watch loop and after SetPool.
 func (m *Manager) refillPools() {
-	if !refillMu.TryLock() {
+	if !m.pools.refilling.TryLock() {
 		return
 	}
-	defer refillMu.Unlock()
+	defer m.pools.refilling.Unlock()
 	now := time.Now()
 	pressure := memoryPressure()
 	m.pools.mu.Lock()

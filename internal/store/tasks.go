@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -123,21 +124,13 @@ func (s *Store) ListTasks(ctx context.Context, states ...string) ([]*Task, error
 	q := `SELECT ` + taskCols + ` FROM tasks`
 	var args []any
 	if len(states) > 0 {
-		q += ` WHERE state IN (?` + repeatString(",?", len(states)-1) + `)`
+		q += ` WHERE state IN (?` + strings.Repeat(",?", len(states)-1) + `)`
 		for _, st := range states {
 			args = append(args, st)
 		}
 	}
 	q += ` ORDER BY created_at DESC, id`
 	return queryAll(ctx, s.db, "list tasks", q, args, scanTask)
-}
-
-func repeatString(s string, n int) string {
-	out := ""
-	for i := 0; i < n; i++ {
-		out += s
-	}
-	return out
 }
 
 func scanTask(sc scanner) (*Task, error) {
@@ -166,7 +159,7 @@ func (s *Store) TaskSandboxes(ctx context.Context, taskID string, states ...stri
 	q := `SELECT id FROM sandboxes WHERE task_id=?`
 	args := []any{taskID}
 	if len(states) > 0 {
-		q += ` AND state IN (?` + repeatString(",?", len(states)-1) + `)`
+		q += ` AND state IN (?` + strings.Repeat(",?", len(states)-1) + `)`
 		for _, st := range states {
 			args = append(args, st)
 		}
