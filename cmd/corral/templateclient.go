@@ -20,18 +20,19 @@ import (
 // name a host file (src, relative to the spec) or inline content; run
 // entries are a command string (run as root) or {command, user}.
 type specFile struct {
-	Name     string            `json:"name"`
-	Version  string            `json:"version"`
-	Base     string            `json:"base"`
-	Packages []string          `json:"packages"`
-	Files    []specFileEntry   `json:"files"`
-	Run      []json.RawMessage `json:"run"`
-	Env      map[string]string `json:"env"`
-	Workdir  string            `json:"workdir"`
-	Runtime  string            `json:"runtime"`
-	Tier     string            `json:"tier"`
-	Start    string            `json:"start"`
-	Allow    []string          `json:"allow"`
+	Name       string            `json:"name"`
+	Version    string            `json:"version"`
+	Base       string            `json:"base"`
+	Packages   []string          `json:"packages"`
+	Files      []specFileEntry   `json:"files"`
+	Run        []json.RawMessage `json:"run"`
+	Env        map[string]string `json:"env"`
+	Workdir    string            `json:"workdir"`
+	Runtime    string            `json:"runtime"`
+	Tier       string            `json:"tier"`
+	Start      string            `json:"start"`
+	Allow      []string          `json:"allow"`
+	AptSources []string          `json:"apt_sources"`
 }
 
 type specFileEntry struct {
@@ -60,7 +61,7 @@ func readSpec(path string) (corral.TemplateSpec, error) {
 		return out, fmt.Errorf("%s: %w", path, err)
 	}
 	out = corral.TemplateSpec{Name: sf.Name, Version: sf.Version, Base: sf.Base, Packages: sf.Packages, Env: sf.Env,
-		Workdir: sf.Workdir, Runtime: sf.Runtime, Tier: sf.Tier, Start: sf.Start, Allow: sf.Allow}
+		Workdir: sf.Workdir, Runtime: sf.Runtime, Tier: sf.Tier, Start: sf.Start, Allow: sf.Allow, AptSources: sf.AptSources}
 	for _, f := range sf.Files {
 		data := []byte(f.Content)
 		if f.Src != "" {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/proto/process"
@@ -31,6 +33,7 @@ const (
 	MaxSpecFileBytes = 32 << 20 // all files together
 	MaxSpecCommands  = 64
 	MaxSpecPackages  = 256
+	MaxAptSources    = 16
 	// BuildCommandTimeout bounds one build command.
 	BuildCommandTimeout = 30 * time.Minute
 )
@@ -51,7 +54,12 @@ type TemplateSpec struct {
 	Runtime  string            `json:"runtime,omitempty"`
 	Tier     string            `json:"tier,omitempty"`
 	Start    string            `json:"start,omitempty"`
-	// Allow is what the build may reach besides the Debian mirrors
+	// AptSources, when set, replace the template's apt sources for the
+	// package step only: one-line sources.list entries (`deb [opts] URI
+	// suite [component...]`). Their hosts replace DebianMirrors in the
+	// build's allowlist; the template's own /etc/apt is not changed.
+	AptSources []string `json:"apt_sources,omitempty"`
+	// Allow is what the build may reach besides the package mirrors
 	// (added when Packages is not empty).
 	Allow []string `json:"allow,omitempty"`
 }
@@ -90,6 +98,17 @@ func checkSpec(s *TemplateSpec) error {
 	for _, p := range s.Packages {
 		if !pkgRe.MatchString(p) {
 			return invalid("package %q is not a Debian package name", p)
+		}
+	}
+	if len(s.AptSources) > 0 && len(s.Packages) == 0 {
+		return invalid("apt_sources needs packages to install")
+	}
+	if len(s.AptSources) > MaxAptSources {
+		return invalid("a spec has at most %d apt sources", MaxAptSources)
+	}
+	for _, src := range s.AptSources {
+		if _, err := aptSourceHost(src); err != nil {
+			return err
 		}
 	}
 	total := 0
@@ -203,7 +222,13 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec TemplateSpec, progress
 		req.Template = base.Name
 	}
 	allow := append([]string{}, spec.Allow...)
-	if len(spec.Packages) > 0 {
+	switch {
+	case len(spec.AptSources) > 0:
+		for _, src := range spec.AptSources {
+			h, _ := aptSourceHost(src) // checked in checkSpec
+			allow = append(allow, h)
+		}
+	case len(spec.Packages) > 0:
 		allow = append(allow, DebianMirrors...)
 	}
 	if len(allow) > 0 {
@@ -248,7 +273,21 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec TemplateSpec, progress
 	}
 	if len(spec.Packages) > 0 {
 		next("install packages: " + strings.Join(spec.Packages, " "))
-		cmd := "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends " + strings.Join(spec.Packages, " ") + " && apt-get clean && rm -rf /var/lib/apt/lists/*"
+		apt := "apt-get"
+		if len(spec.AptSources) > 0 {
+			// The spec's sources, for this step only: a list file and an
+			// empty parts directory outside /etc/apt, removed afterwards.
+			list := strings.Join(spec.AptSources, "\n") + "\n"
+			if err := m.writeFile(ctx, sb.ID, aptBuildList, []byte(list)); err != nil {
+				return nil, fmt.Errorf("write apt sources: %w", err)
+			}
+			if err := m.buildRun(ctx, sb.ID, "chmod 0644 "+aptBuildList+" && mkdir -p "+aptBuildParts, "root", say); err != nil {
+				return nil, err
+			}
+			apt = "apt-get -o Dir::Etc::SourceList=" + aptBuildList + " -o Dir::Etc::SourceParts=" + aptBuildParts
+		}
+		cmd := apt + " update && DEBIAN_FRONTEND=noninteractive " + apt + " install -y --no-install-recommends " + strings.Join(spec.Packages, " ") +
+			" && apt-get clean && rm -rf /var/lib/apt/lists/* " + aptBuildList + " " + aptBuildParts
 		if err := m.buildRun(ctx, sb.ID, cmd, "root", say); err != nil {
 			return nil, err
 		}
@@ -363,6 +402,54 @@ func (m *Manager) writeFile(ctx context.Context, id, path string, data []byte) e
 		return fmt.Errorf("agent answered %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
 	}
 	return nil
+}
+
+// Where a build with apt_sources keeps them while it installs packages.
+const (
+	aptBuildList  = "/run/corral-build-sources.list"
+	aptBuildParts = "/run/corral-build-sources.d"
+)
+
+// aptSourceHost checks one apt_sources entry (`deb [opts] URI suite
+// [component...]`, http or https, a host name) and returns the URI's host
+// name, which the build's allowlist gets.
+func aptSourceHost(src string) (string, error) {
+	bad := func(why string) (string, error) {
+		return "", invalid("apt source %q: %s", clipCommand(src), why)
+	}
+	if len(src) > 1024 || strings.ContainsAny(src, "\r\n\x00") {
+		return bad("one line of at most 1024 bytes")
+	}
+	f := strings.Fields(src)
+	if len(f) < 3 || f[0] != "deb" {
+		return bad("want `deb [options] URI suite [component...]`")
+	}
+	f = f[1:]
+	if strings.HasPrefix(f[0], "[") {
+		i := 0
+		for i < len(f) && !strings.HasSuffix(f[i], "]") {
+			i++
+		}
+		if i == len(f) {
+			return bad("options [..] are not closed")
+		}
+		f = f[i+1:]
+	}
+	if len(f) < 2 {
+		return bad("want a URI and a suite")
+	}
+	u, err := url.Parse(f[0])
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		return bad("the URI must be http:// or https:// with a host")
+	}
+	h := strings.ToLower(u.Hostname())
+	if _, err := netip.ParseAddr(h); err == nil {
+		return bad("name the mirror by host name, not address (the build's allowlist holds names)")
+	}
+	if _, err := egress.ParsePolicy(string(egress.ModeAllow), []string{h}); err != nil {
+		return bad(err.Error())
+	}
+	return h, nil
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

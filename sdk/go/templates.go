@@ -41,6 +41,10 @@ type TemplateSpec struct {
 	Tier     string            `json:"tier,omitempty"`
 	Start    string            `json:"start,omitempty"`
 	Allow    []string          `json:"allow,omitempty"`
+	// AptSources replace the apt sources for the package step only
+	// (sources.list lines); their hosts replace the Debian mirrors in
+	// the build's allowlist.
+	AptSources []string `json:"apt_sources,omitempty"`
 }
 
 // TemplateFile is a file copied into a template.

@@ -30,6 +30,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -149,6 +150,7 @@ type netUpstream struct {
 	canary   int                      // connections to the private canary; guarded by mu
 	holds    map[string]chan struct{} // guarded by mu
 	holdWait map[string]int           // requests waiting in /hold/<key>; guarded by mu
+	files    map[string][]byte        // static files by path (serveFile); guarded by mu
 }
 
 func runCmd(t *testing.T, args ...string) string {
@@ -209,6 +211,7 @@ func newNetUpstream(t *testing.T) *netUpstream {
 		snis:     map[string]int{},
 		holds:    map[string]chan struct{}{},
 		holdWait: map[string]int{},
+		files:    map[string][]byte{},
 	}
 	nsIf := "cnt" + tag + "n"
 
@@ -427,14 +430,30 @@ func newTestPKI(t *testing.T) ([]byte, tls.Certificate) {
 //
 //   - /big?n=N answers N bytes (with Content-Length);
 //   - /hold/<key> waits until the test releases key, then echoes;
+//   - a path given to serveFile answers that file (404 for others under
+//     a served file's directory);
 //   - anything else echoes (see echoReply).
 //
 // Every request is recorded.
 func (u *netUpstream) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.reqs = append(u.reqs, upstreamReq{Host: r.Host, Path: r.URL.Path, Auth: r.Header.Get("Authorization"), TLS: r.TLS != nil})
+	clean := path.Clean(r.URL.Path) // apt asks for /repo/./Packages
+	file, isFile := u.files[clean]
+	servedDir := false
+	for p := range u.files {
+		servedDir = servedDir || strings.HasPrefix(clean, p[:strings.LastIndex(p, "/")+1])
+	}
 	u.mu.Unlock()
 	switch {
+	case isFile:
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(len(file)))
+		_, _ = w.Write(file)
+		return
+	case servedDir:
+		http.NotFound(w, r)
+		return
 	case r.URL.Path == "/big":
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
 		w.Header().Set("Content-Type", "application/octet-stream")
@@ -477,6 +496,13 @@ func (u *netUpstream) holdChan(key string) chan struct{} {
 		u.holds[key] = ch
 	}
 	return ch
+}
+
+// serveFile makes the upstream answer path with data.
+func (u *netUpstream) serveFile(path string, data []byte) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.files[path] = data
 }
 
 // holding reports how many requests wait in /hold/<key>.

@@ -44,6 +44,7 @@ func TestNetwork(t *testing.T) {
 	t.Run("Caps", func(t *testing.T) { testNetCaps(t, fx) })
 	t.Run("HostPlumbing", func(t *testing.T) { testNetHostPlumbing(t, fx) })
 	t.Run("EnvSecretWarning", func(t *testing.T) { testNetEnvSecretWarning(t, fx) })
+	t.Run("TemplatePackages", func(t *testing.T) { testNetTemplatePackages(t, fx) })
 }
 
 // randAlnum returns n random characters of [A-Za-z0-9].
