@@ -162,6 +162,10 @@ type Manager struct {
 	wd atomic.Pointer[watchdog.Watchdog]
 	// pools are the warm pools.
 	pools pools
+	// importMu: imports hold it shared from the extraction until their
+	// record is stored; purgeUnusedImports holds it exclusively, so it
+	// never removes an import a record is about to name.
+	importMu sync.RWMutex
 
 	stop chan struct{}
 	done chan struct{}

@@ -17,7 +17,9 @@ const ReapInterval = 30 * time.Second
 //   - veth pairs and nftables rules of sandboxes that are not live
 //     ("no_record");
 //   - live sandboxes whose task has ended ("task_ended");
-//   - live sandboxes idle past Config.IdleTimeout ("idle").
+//   - live sandboxes idle past Config.IdleTimeout ("idle");
+//   - deleted snapshots nothing uses any more, imported images no template
+//     version names and partial imports.
 //
 // Reconcile does the same at start-up, after a crash.
 func (m *Manager) Reap(ctx context.Context) {
@@ -61,6 +63,7 @@ func (m *Manager) Reap(ctx context.Context) {
 		}
 	}
 	m.purgeDeletedSnapshots(ctx)
+	m.purgeUnusedImports(ctx)
 	now := time.Now()
 	for id, ls := range live {
 		m.mu.Lock()

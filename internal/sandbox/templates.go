@@ -152,7 +152,57 @@ func (m *Manager) DeleteTemplate(ctx context.Context, ref string) error {
 		}
 	}
 	m.audit("", "template.deleted", map[string]any{"template": ref})
+	if tv.Source == "import" {
+		m.purgeUnusedImports(ctx)
+	}
 	return nil
+}
+
+// importsDir is where imported images are extracted, one directory per
+// image digest.
+func (m *Manager) importsDir() string { return filepath.Join(m.cfg.TemplateDir, "imports") }
+
+// purgeUnusedImports removes imported images that no template version
+// names any more (their last version was deleted, or an import's record
+// never made it) and partial imports left by a crash. It skips the round
+// when an import is running; the reaper tries again.
+func (m *Manager) purgeUnusedImports(ctx context.Context) {
+	if m.cfg.TemplateDir == "" || !m.importMu.TryLock() {
+		return
+	}
+	defer m.importMu.Unlock()
+	entries, err := os.ReadDir(m.importsDir())
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			m.log.Error("reaper: list imports", "err", err)
+		}
+		return
+	}
+	versions, err := m.store.ListTemplateVersions(ctx, "")
+	if err != nil {
+		m.log.Error("reaper: list templates", "err", err)
+		return
+	}
+	used := map[string]bool{}
+	for _, tv := range versions {
+		used[filepath.Dir(tv.RootFS)] = true
+	}
+	for _, e := range entries {
+		dir := filepath.Join(m.importsDir(), e.Name())
+		partial := strings.HasPrefix(e.Name(), ".tmp-import-")
+		if !e.IsDir() || used[dir] || !partial && !strings.HasPrefix(e.Name(), "import-") {
+			continue
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			m.log.Error("reaper: remove import", "dir", dir, "err", err)
+			continue
+		}
+		why := "unused"
+		if partial {
+			why = "partial"
+		}
+		m.audit("", "reaper.reclaimed", map[string]any{"what": "template import " + e.Name(), "reason": why})
+	}
 }
 
 // ImportTemplate imports an OCI image (docker-save tarball, OCI layout or
@@ -170,7 +220,9 @@ func (m *Manager) ImportTemplate(ctx context.Context, ref string, src template.I
 	if m.cfg.TemplateDir == "" {
 		return nil, errors.New("template imports are not configured")
 	}
-	res, err := template.ImportImage(ctx, filepath.Join(m.cfg.TemplateDir, "imports"), src, progress)
+	m.importMu.RLock()
+	defer m.importMu.RUnlock()
+	res, err := template.ImportImage(ctx, m.importsDir(), src, progress)
 	if err != nil {
 		if errors.Is(err, template.ErrUnsafeLayer) {
 			return nil, invalid("%v", err)

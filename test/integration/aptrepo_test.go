@@ -83,7 +83,7 @@ func buildDeb(t *testing.T, name, version, script string) []byte {
 	dir := t.TempDir()
 	root := filepath.Join(dir, "root")
 	for path, data := range map[string]string{
-		"DEBIAN/control": fmt.Sprintf("Package: %s\nVersion: %s\nArchitecture: all\nMaintainer: corral tests <tests@corral.invalid>\nDescription: corral test package\n", name, version),
+		"DEBIAN/control":  fmt.Sprintf("Package: %s\nVersion: %s\nArchitecture: all\nMaintainer: corral tests <tests@corral.invalid>\nDescription: corral test package\n", name, version),
 		"usr/bin/" + name: script,
 	} {
 		p := filepath.Join(root, path)

@@ -153,4 +153,26 @@ func TestTemplateImport(t *testing.T) {
 	if err := c.DeleteTemplate(ctx, tname+":v2"); err != nil {
 		t.Fatalf("delete unused v2: %v", err)
 	}
+	// Both versions named one extracted image: it stays while v1 names
+	// it and goes with the last version.
+	importDir := filepath.Join(env.dataDir, "template-versions", "imports", "import-"+strings.TrimPrefix(res.Template.Digest, "sha256:")[:16])
+	if _, err := os.Stat(filepath.Join(importDir, "rootfs", "srv", "hello.txt")); err != nil {
+		t.Fatalf("the image v1 still names is gone: %v", err)
+	}
+	if _, err := c.Kill(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	// What an import killed mid-way leaves (a partial tree) goes too.
+	partial := filepath.Join(filepath.Dir(importDir), ".tmp-import-00000000deadbeef-1")
+	if err := os.MkdirAll(filepath.Join(partial, "rootfs", "etc"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteTemplate(ctx, tname+":v1"); err != nil {
+		t.Fatalf("delete v1 after its sandbox ended: %v", err)
+	}
+	for _, dir := range []string{importDir, partial} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Fatalf("%s is still on disk: %v", dir, err)
+		}
+	}
 }
