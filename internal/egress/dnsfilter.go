@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/corralhq/corral/internal/ratelimit"
 )
 
 // Limits and defaults of the [DNSFilter].
@@ -52,9 +54,9 @@ type DNSFilterConfig struct {
 	// Resolver resolves allowed names upstream. When nil, allowed names get
 	// SERVFAIL (the system resolver is never used implicitly).
 	Resolver Resolver
-	// Limiter limits queries per sandbox. Nil means
-	// NewRateLimiter(DefaultDNSRate, DefaultDNSBurst).
-	Limiter *RateLimiter
+	// Limiter limits queries per sandbox id. Nil means
+	// ratelimit.New(DefaultDNSRate, DefaultDNSBurst).
+	Limiter *ratelimit.Keyed
 	// TTL is the TTL of address records in answers. Zero means
 	// [DefaultDNSTTL].
 	TTL uint32
@@ -73,7 +75,7 @@ type DNSFilterConfig struct {
 //     REFUSED.
 //  2. The client is identified by its source address through
 //     [DNSFilterConfig.Policy]; an unknown client is REFUSED.
-//  3. The sandbox's [RateLimiter] must admit the query (every query counts,
+//  3. The sandbox's [ratelimit.Keyed] must admit the query (every query counts,
 //     refused ones too, so probing is bounded as well); over the limit:
 //     REFUSED.
 //  4. Networking off (mode none): REFUSED.
@@ -105,7 +107,7 @@ type DNSFilterConfig struct {
 type DNSFilter struct {
 	cfg     DNSFilterConfig
 	log     *slog.Logger
-	limiter *RateLimiter
+	limiter *ratelimit.Keyed
 	ttl     uint32
 	now     func() time.Time
 }
@@ -120,7 +122,7 @@ func NewDNSFilter(cfg DNSFilterConfig) *DNSFilter {
 		f.log = slog.New(slog.DiscardHandler)
 	}
 	if f.limiter == nil {
-		f.limiter = NewRateLimiter(DefaultDNSRate, DefaultDNSBurst)
+		f.limiter = ratelimit.New(DefaultDNSRate, DefaultDNSBurst)
 	}
 	if f.ttl == 0 {
 		f.ttl = DefaultDNSTTL

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/corralhq/corral/internal/ratelimit"
 )
 
 // dnsFakeResolver is the upstream of the tests: a fixed map, no network. It
@@ -168,7 +170,7 @@ func TestDNSFilter(t *testing.T) {
 			return Policy{}, "", false
 		},
 		Resolver: up,
-		Limiter:  NewRateLimiter(1000, 1000),
+		Limiter:  ratelimit.New(1000, 1000),
 		TTL:      42,
 		OnEvent:  evs.add,
 	})
@@ -322,7 +324,7 @@ func TestDNSFilterRateLimit(t *testing.T) {
 	addr := startFilter(t, DNSFilterConfig{
 		Policy:   func(netip.Addr) (Policy, string, bool) { return pol, "sb-rl", true },
 		Resolver: up,
-		Limiter:  NewRateLimiter(0.001, burst),
+		Limiter:  ratelimit.New(0.001, burst),
 		OnEvent:  evs.add,
 	})
 	for i := range burst + 2 {

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
-	"time"
 )
 
 // Limits used by [ExfilSuspect].
@@ -47,7 +45,7 @@ const (
 // These heuristics are a second line: the DNS filter resolves only allowed
 // names, so smuggled labels reach an outside server only under a wildcard
 // pattern whose zone the attacker controls. Per-sandbox rate limiting
-// ([RateLimiter]) bounds what short labels can still carry.
+// ([ratelimit.Keyed]) bounds what short labels can still carry.
 //
 // Ordinary names pass: files.pythonhosted.org, objects.githubusercontent.com,
 // s3.us-east-1.amazonaws.com, d3e4f5g6h7.cloudfront.net. Some rare legitimate
@@ -234,104 +232,4 @@ func encodedShape(l string) string {
 		return "base64"
 	}
 	return ""
-}
-
-// RateLimiter is a token bucket per key (a sandbox id): each key may make
-// burst requests at once and perSecond on average. It is safe for
-// concurrent use. Memory is bounded: a key whose bucket has refilled is
-// indistinguishable from a new key and is evicted, and the number of keys
-// is capped at MaxKeys.
-type RateLimiter struct {
-	rate  float64
-	burst float64
-
-	mu      sync.Mutex
-	buckets map[string]*bucket
-	inserts int // new keys since the last sweep
-}
-
-// MaxKeys is the most keys a [RateLimiter] tracks; past it the least
-// recently seen key is forgotten.
-const MaxKeys = 1 << 16
-
-type bucket struct {
-	tokens float64
-	last   time.Time
-}
-
-// NewRateLimiter returns a limiter allowing perSecond requests per second
-// per key with bursts of up to burst. It panics if perSecond is not a
-// positive finite number or burst is less than 1.
-func NewRateLimiter(perSecond float64, burst int) *RateLimiter {
-	if !(perSecond > 0) || math.IsInf(perSecond, 0) {
-		panic(fmt.Sprintf("egress: NewRateLimiter: rate %v must be positive and finite", perSecond))
-	}
-	if burst < 1 {
-		panic(fmt.Sprintf("egress: NewRateLimiter: burst %d must be at least 1", burst))
-	}
-	return &RateLimiter{rate: perSecond, burst: float64(burst), buckets: map[string]*bucket{}}
-}
-
-// Allow reports whether key may make one request at time now, and if so
-// takes a token. A clock that goes backwards refills nothing.
-func (r *RateLimiter) Allow(key string, now time.Time) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b := r.buckets[key]
-	if b == nil {
-		r.inserts++
-		if r.inserts >= 64 && 2*r.inserts >= len(r.buckets) {
-			r.sweep(now)
-		}
-		if len(r.buckets) >= MaxKeys {
-			r.evictOldest()
-		}
-		b = &bucket{tokens: r.burst, last: now}
-		r.buckets[key] = b
-	} else {
-		r.refill(b, now)
-	}
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
-func (r *RateLimiter) refill(b *bucket, now time.Time) {
-	if d := now.Sub(b.last); d > 0 {
-		b.tokens = math.Min(r.burst, b.tokens+d.Seconds()*r.rate)
-		b.last = now
-	}
-}
-
-// sweep drops every bucket that has refilled completely: forgetting it
-// changes nothing. Amortized over the inserts that trigger it.
-func (r *RateLimiter) sweep(now time.Time) {
-	for k, b := range r.buckets {
-		r.refill(b, now)
-		if b.tokens >= r.burst {
-			delete(r.buckets, k)
-		}
-	}
-	r.inserts = 0
-}
-
-func (r *RateLimiter) evictOldest() {
-	var oldest string
-	var t time.Time
-	first := true
-	for k, b := range r.buckets {
-		if first || b.last.Before(t) {
-			oldest, t, first = k, b.last, false
-		}
-	}
-	delete(r.buckets, oldest)
-}
-
-// Len returns the number of keys currently tracked.
-func (r *RateLimiter) Len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.buckets)
 }

@@ -4,11 +4,8 @@ import (
 	"encoding/base32"
 	"encoding/base64"
 	"encoding/hex"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 )
 
 // TestExfilSuspectOrdinary: names package managers, clouds and APIs really
@@ -137,118 +134,5 @@ func TestExfilSuspectReason(t *testing.T) {
 	bad, why := ExfilSuspect("4b45593d736b2d6c6976652d61626364.attacker.test")
 	if !bad || !strings.Contains(why, "hex") || strings.Contains(why, "4b45593d736b2d6c6976652d61626364") {
 		t.Fatalf("got %v %q", bad, why)
-	}
-}
-
-func TestRateLimiter(t *testing.T) {
-	t0 := time.Unix(1_700_000_000, 0)
-	type step struct {
-		key  string
-		at   time.Duration
-		want bool
-	}
-	tests := []struct {
-		name  string
-		rate  float64
-		burst int
-		steps []step
-	}{
-		{"burst then refuse", 1, 3, []step{
-			{"a", 0, true}, {"a", 0, true}, {"a", 0, true}, {"a", 0, false},
-		}},
-		{"refill one per second", 1, 2, []step{
-			{"a", 0, true}, {"a", 0, true}, {"a", 0, false},
-			{"a", 500 * time.Millisecond, false}, {"a", time.Second, true}, {"a", time.Second, false},
-		}},
-		{"keys are independent", 1, 1, []step{
-			{"a", 0, true}, {"a", 0, false}, {"b", 0, true}, {"b", 0, false},
-		}},
-		{"refill caps at burst", 10, 2, []step{
-			{"a", 0, true}, {"a", time.Hour, true}, {"a", time.Hour, true}, {"a", time.Hour, false},
-		}},
-		{"clock going backwards refills nothing", 1, 1, []step{
-			{"a", 10 * time.Second, true}, {"a", 0, false}, {"a", 10 * time.Second, false}, {"a", 11 * time.Second, true},
-		}},
-		{"fractional rate", 0.5, 1, []step{
-			{"a", 0, true}, {"a", time.Second, false}, {"a", 2 * time.Second, true},
-		}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			rl := NewRateLimiter(tc.rate, tc.burst)
-			for i, s := range tc.steps {
-				if got := rl.Allow(s.key, t0.Add(s.at)); got != s.want {
-					t.Fatalf("step %d (%s at %v): got %v want %v", i, s.key, s.at, got, s.want)
-				}
-			}
-		})
-	}
-}
-
-// TestRateLimiterEvictsIdle: keys whose buckets refilled are forgotten, so
-// memory stays bounded by the keys active recently.
-func TestRateLimiterEvictsIdle(t *testing.T) {
-	rl := NewRateLimiter(10, 5)
-	t0 := time.Unix(0, 0)
-	for i := range 10000 {
-		// Each key is used once; after a second all buckets are full again.
-		rl.Allow(fmt.Sprintf("sb-%d", i), t0.Add(time.Duration(i)*time.Second))
-	}
-	if n := rl.Len(); n > 200 {
-		t.Fatalf("%d keys tracked after 10000 idle ones, want a bounded number", n)
-	}
-	// An active, drained key survives sweeps with its state.
-	now := t0.Add(time.Hour)
-	for range 5 {
-		rl.Allow("busy", now)
-	}
-	for i := range 1000 {
-		rl.Allow(fmt.Sprintf("new-%d", i), now)
-	}
-	if rl.Allow("busy", now) {
-		t.Fatal("drained key was reset by eviction")
-	}
-}
-
-func TestRateLimiterConcurrent(t *testing.T) {
-	rl := NewRateLimiter(1, 100)
-	now := time.Unix(0, 0)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	allowed := 0
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 50 {
-				ok := rl.Allow("shared", now)
-				rl.Allow(fmt.Sprintf("g%d-%d", g, i), now)
-				if ok {
-					mu.Lock()
-					allowed++
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if allowed != 100 {
-		t.Fatalf("allowed %d of 400 concurrent requests, want exactly the burst of 100", allowed)
-	}
-}
-
-func TestNewRateLimiterPanics(t *testing.T) {
-	for _, tc := range []struct {
-		rate  float64
-		burst int
-	}{{0, 1}, {-1, 1}, {1, 0}} {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("NewRateLimiter(%v, %d) did not panic", tc.rate, tc.burst)
-				}
-			}()
-			NewRateLimiter(tc.rate, tc.burst)
-		}()
 	}
 }

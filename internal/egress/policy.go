@@ -2,8 +2,8 @@
 // policy (which names and addresses a sandbox may reach), the always-denied
 // address set checked at dial time, the egress proxy (explicit and
 // transparent modes, caps, secret injection with TLS interception), the DNS
-// filter, heuristics against DNS exfiltration, a per-sandbox query rate
-// limiter, a scan of env vars for secrets, and redaction of secret values
+// filter with its per-sandbox query rate limit, heuristics against DNS
+// exfiltration, a scan of env vars for secrets, and redaction of secret values
 // from logs and stored events.
 //
 // The proxy and the DNS filter serve connections they are handed; the
@@ -12,8 +12,8 @@
 // (ATTACKS.md #8, #9, #10, #20):
 //
 //   - the DNS filter answers a query only if [Policy.AllowsName] accepts the
-//     name, [ExfilSuspect] does not flag it and the sandbox's [RateLimiter]
-//     admits it;
+//     name, [ExfilSuspect] does not flag it and the sandbox's query rate
+//     limit ([ratelimit.Keyed]) admits it;
 //   - the proxy checks the requested name with [Policy.AllowsName], resolves
 //     it itself, and calls [Policy.AllowsAddr] on every address it is about to
 //     dial, so that DNS rebinding and an allowed name pointing at a private,

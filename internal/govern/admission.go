@@ -7,6 +7,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/corralhq/corral/internal/ratelimit"
 )
 
 // Admission defaults; see [AdmissionConfig].
@@ -24,9 +26,6 @@ const (
 	// capacityRetryAfter is the Retry-After given when a slot is lacking:
 	// when one frees cannot be known, so this is an estimate.
 	capacityRetryAfter = time.Second
-	// maxAgentBuckets caps the rate-limit buckets kept; past it the least
-	// recently used is forgotten.
-	maxAgentBuckets = 1 << 16
 )
 
 // Values of [CapacityError.Limit]: which limit refused the create.
@@ -116,13 +115,13 @@ type Admission struct {
 	after func(time.Duration) (<-chan time.Time, func() bool)
 	// onWait, if set, is called (with mu held) when a create starts waiting.
 	onWait func(agent string)
+	// limiter holds the rate tokens of named agents; it has its own lock.
+	limiter *ratelimit.Keyed
 
 	mu       sync.Mutex
 	running  int
 	perAgent map[string]int
 	queue    *list.List // of *admissionWaiter, first come first
-	buckets  map[string]*agentBucket
-	inserts  int // new buckets since the last sweep
 }
 
 // admissionWaiter is a create waiting in the queue.
@@ -131,12 +130,6 @@ type admissionWaiter struct {
 	elem   *list.Element // nil once out of the queue
 	ready  chan struct{} // closed when ticket is set
 	ticket *Ticket
-}
-
-// agentBucket is a token bucket.
-type agentBucket struct {
-	tokens float64
-	last   time.Time
 }
 
 // Ticket is one admitted sandbox; [Ticket.Release] gives its slot back.
@@ -149,16 +142,17 @@ type Ticket struct {
 // NewAdmission returns an admission controller with the given limits; zero
 // fields take the defaults.
 func NewAdmission(cfg AdmissionConfig) *Admission {
+	cfg = cfg.withDefaults()
 	return &Admission{
-		cfg: cfg.withDefaults(),
+		cfg: cfg,
 		now: time.Now,
 		after: func(d time.Duration) (<-chan time.Time, func() bool) {
 			t := time.NewTimer(d)
 			return t.C, t.Stop
 		},
+		limiter:  ratelimit.New(cfg.AgentRate, cfg.AgentBurst),
 		perAgent: map[string]int{},
 		queue:    list.New(),
-		buckets:  map[string]*agentBucket{},
 	}
 }
 
@@ -176,7 +170,8 @@ func (a *Admission) Acquire(ctx context.Context, agent string) (*Ticket, error) 
 		return nil, err
 	}
 	a.mu.Lock()
-	if wait, ok := a.takeToken(agent); !ok {
+	tok, wait, ok := a.takeToken(agent)
+	if !ok {
 		a.mu.Unlock()
 		return nil, &CapacityError{
 			Limit:      CapacityAgentRate,
@@ -202,7 +197,7 @@ func (a *Admission) Acquire(ctx context.Context, agent string) (*Ticket, error) 
 				Msg:        fmt.Sprintf("%d creates are already waiting for a slot (limit %d)", a.queue.Len(), a.cfg.MaxQueue),
 			}
 		}
-		a.refund(agent)
+		tok.Return(a.now())
 		a.mu.Unlock()
 		return nil, err
 	}
@@ -233,14 +228,12 @@ func (a *Admission) Acquire(ctx context.Context, agent string) (*Ticket, error) 
 			return w.ticket, nil
 		}
 		w.ticket.Release()
-		a.mu.Lock()
-		a.refund(agent)
-		a.mu.Unlock()
+		tok.Return(a.now())
 		return nil, ctxErr
 	}
 	a.queue.Remove(w.elem)
 	w.elem = nil
-	a.refund(agent)
+	tok.Return(a.now())
 	err := a.slotError(agent)
 	a.mu.Unlock()
 	if ctxErr != nil {
@@ -343,68 +336,11 @@ func (a *Admission) slotError(agent string) *CapacityError {
 }
 
 // takeToken takes a rate token of agent, or returns how long until one is
-// available. A clock that goes backwards refills nothing.
-func (a *Admission) takeToken(agent string) (time.Duration, bool) {
+// available. Anonymous creates ("") are not rate limited: their token is
+// the zero Token.
+func (a *Admission) takeToken(agent string) (ratelimit.Token, time.Duration, bool) {
 	if agent == "" {
-		return 0, true
+		return ratelimit.Token{}, 0, true
 	}
-	now := a.now()
-	b := a.buckets[agent]
-	if b == nil {
-		a.inserts++
-		if a.inserts >= 64 && 2*a.inserts >= len(a.buckets) {
-			a.sweepBuckets(now)
-		}
-		if len(a.buckets) >= maxAgentBuckets {
-			a.evictOldestBucket()
-		}
-		b = &agentBucket{tokens: float64(a.cfg.AgentBurst), last: now}
-		a.buckets[agent] = b
-	} else {
-		a.refill(b, now)
-	}
-	if b.tokens < 1 {
-		wait := time.Duration(math.Ceil((1 - b.tokens) / a.cfg.AgentRate * float64(time.Second)))
-		return wait, false
-	}
-	b.tokens--
-	return 0, true
-}
-
-// refund gives back a token taken by a create that was not admitted.
-func (a *Admission) refund(agent string) {
-	if b := a.buckets[agent]; b != nil {
-		b.tokens = min(float64(a.cfg.AgentBurst), b.tokens+1)
-	}
-}
-
-func (a *Admission) refill(b *agentBucket, now time.Time) {
-	if d := now.Sub(b.last); d > 0 {
-		b.tokens = min(float64(a.cfg.AgentBurst), b.tokens+d.Seconds()*a.cfg.AgentRate)
-		b.last = now
-	}
-}
-
-// sweepBuckets drops every bucket that has refilled completely: forgetting
-// it changes nothing. Amortized over the inserts that trigger it.
-func (a *Admission) sweepBuckets(now time.Time) {
-	for k, b := range a.buckets {
-		a.refill(b, now)
-		if b.tokens >= float64(a.cfg.AgentBurst) {
-			delete(a.buckets, k)
-		}
-	}
-	a.inserts = 0
-}
-
-func (a *Admission) evictOldestBucket() {
-	var oldest string
-	var t time.Time
-	first := true
-	for k, b := range a.buckets {
-		if first || b.last.Before(t) {
-			oldest, t, first = k, b.last, false
-		}
-	}
-	delete(a.buckets, oldest)
+	return a.limiter.Take(agent, a.now())
 }
