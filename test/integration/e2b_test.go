@@ -17,8 +17,10 @@ import (
 // e2bDir holds the E2B-compatibility suite, relative to this package.
 const e2bDir = "../e2b"
 
-// e2bVersion is the SDK version the suite pins (test/e2b/package.json).
-const e2bVersion = "2.51.0"
+// e2bVersions are the SDK versions the suite pins (test/e2b/package.json),
+// by package directory: the current SDK, and 2.45 (the older route set,
+// legacy.test.mjs) under an npm alias.
+var e2bVersions = map[string]string{"e2b": "2.51.0", "e2b-2.45": "2.45.0"}
 
 // TestE2BSDK runs the unmodified e2b JS SDK's compatibility suite
 // (test/e2b/*.test.mjs, node:test) against the shared in-process server,
@@ -29,16 +31,17 @@ func TestE2BSDK(t *testing.T) {
 	if err != nil {
 		t.Skip("node is not installed: the E2B suite needs Node.js 20+")
 	}
-	pkg := filepath.Join(e2bDir, "node_modules", "e2b", "package.json")
-	data, err := os.ReadFile(pkg)
-	if err != nil {
-		t.Skip("the e2b npm package is not installed: run `npm ci --prefix test/e2b`")
-	}
-	var meta struct {
-		Version string `json:"version"`
-	}
-	if err := json.Unmarshal(data, &meta); err != nil || meta.Version != e2bVersion {
-		t.Fatalf("test/e2b/node_modules/e2b is version %q, the suite pins %s: run `npm ci --prefix test/e2b`", meta.Version, e2bVersion)
+	for dir, want := range e2bVersions {
+		data, err := os.ReadFile(filepath.Join(e2bDir, "node_modules", dir, "package.json"))
+		if err != nil {
+			t.Skipf("the npm package %s is not installed: run `npm ci --prefix test/e2b`", dir)
+		}
+		var meta struct {
+			Version string `json:"version"`
+		}
+		if err := json.Unmarshal(data, &meta); err != nil || meta.Version != want {
+			t.Fatalf("test/e2b/node_modules/%s is version %q, the suite pins %s: run `npm ci --prefix test/e2b`", dir, meta.Version, want)
+		}
 	}
 	files, err := filepath.Glob(filepath.Join(e2bDir, "*.test.mjs"))
 	if err != nil || len(files) == 0 {
