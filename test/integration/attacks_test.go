@@ -257,9 +257,11 @@ func testNoNetwork(t *testing.T, rt string) {
 	}
 }
 
-// TestHardening (ATTACKS #4, #5, #7): seccomp is on, user code has no
-// capabilities, root lacks NET_RAW and cannot write sysrq, mount or
-// create user namespaces.
+// TestHardening (ATTACKS #4, #5, #7, #17, #18, #19): seccomp is on, user
+// code has no capabilities, root lacks NET_RAW and cannot write sysrq,
+// mount or create user namespaces; every command leads its own session
+// without a controlling terminal (no TIOCSTI into another terminal) and
+// holds no descriptor but its stdio; no runtime socket is visible.
 func TestHardening(t *testing.T) {
 	need(t)
 	id := create(t, nil)
@@ -281,6 +283,20 @@ func TestHardening(t *testing.T) {
 		{"no new user namespace", "unshare -U true", root, false, ""},
 		{"no keyctl", `python3 -c "import ctypes; l=ctypes.CDLL(None); r=l.syscall(250, 0, 0, 0, 0, 0); import sys; sys.exit(0 if r>=0 else 1)"`, root, false, ""},
 		{"no host runtime socket", "ls /var/run/docker.sock /run/containerd/containerd.sock", root, false, ""},
+		{"own session", `test "$(ps -o sid= -p $$ | tr -d ' ')" = "$$" && echo leader`, nil, true, "leader\n"},
+		{"no controlling terminal", `python3 -c "
+try:
+    open('/dev/tty')
+except OSError as e:
+    print(e.errno)"`, nil, true, "6\n"}, // ENXIO
+		{"TIOCSTI refused", `python3 -c "
+import fcntl, termios
+try:
+    fcntl.ioctl(0, termios.TIOCSTI, b'x')
+except OSError as e:
+    print(e.errno)"`, nil, true, "25\n"}, // ENOTTY: stdin is no terminal
+		{"only stdio descriptors", `python3 -c "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"`, nil, true, "[0, 1, 2, 3]\n"}, // 3: the listing itself
+		{"only stdio descriptors as root", `python3 -c "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"`, root, true, "[0, 1, 2, 3]\n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
