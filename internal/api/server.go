@@ -34,6 +34,9 @@ type Config struct {
 	Audit *audit.Log
 	// Governor keeps tasks (nil: the /v1/tasks routes answer 503).
 	Governor *govern.Governor
+	// Metrics serves GET /metrics (Prometheus text format) to callers
+	// with an API key; nil leaves the route out.
+	Metrics http.Handler
 }
 
 // Server serves the API.
@@ -68,6 +71,9 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
+	if s.cfg.Metrics != nil {
+		s.mux.Handle("GET /metrics", s.auth(s.cfg.Metrics.ServeHTTP))
+	}
 	s.mux.Handle("POST /v1/sandboxes", s.auth(s.createSandbox))
 	s.mux.Handle("GET /v1/sandboxes", s.auth(s.listSandboxes))
 	s.mux.Handle("GET /v1/sandboxes/{id}", s.auth(s.getSandbox))

@@ -35,7 +35,14 @@ type Log struct {
 	closeOnce sync.Once
 	mu        sync.RWMutex // guards closed against Record
 	closed    bool
+
+	observe func(*store.Event) // set by Observe before use
 }
+
+// Observe makes f see every event as it is recorded (redacted, before it
+// is stored), e.g. to count it. f must be quick and must not record
+// events. Call it before the log is used.
+func (l *Log) Observe(f func(*store.Event)) { l.observe = f }
 
 type item struct {
 	ev   *store.Event
@@ -73,7 +80,11 @@ func (l *Log) RecordTask(sandbox, task, kind string, data any) {
 		l.log.Error("audit event after close", "sandbox", sandbox, "kind", kind)
 		return
 	}
-	l.ch <- item{ev: &store.Event{At: time.Now().UTC(), SandboxID: sandbox, TaskID: task, Kind: kind, Data: json.RawMessage(b)}}
+	ev := &store.Event{At: time.Now().UTC(), SandboxID: sandbox, TaskID: task, Kind: kind, Data: json.RawMessage(b)}
+	if l.observe != nil {
+		l.observe(ev)
+	}
+	l.ch <- item{ev: ev}
 }
 
 // Sync returns once every event recorded before it was called is stored.

@@ -469,6 +469,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		}
 		return nil, err
 	}
+	started := time.Now() // admitted: what follows is the start itself
 	m.mu.Lock()
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
 	m.live[rec.ID] = ls
@@ -509,9 +510,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	ls.timer = time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(rec.ID) })
 	m.mu.Unlock()
 	m.log.Info("sandbox created", "id", rec.ID, "template", rec.Template, "runtime", rec.Runtime, "network", rec.Network, "task", rec.TaskID, "pooled", pd != nil)
+	source := "template"
+	switch {
+	case pd != nil:
+		source = "pool"
+	case req.Snapshot != "":
+		source = "snapshot"
+	}
 	m.audit(rec.ID, "sandbox.created", map[string]any{
-		"agent": req.Agent, "from_pool": pd != nil,
-		"template": rec.Template, "runtime": rec.Runtime, "tier": rec.Tier, "resources": rec.Resources,
+		"agent": req.Agent, "from_pool": pd != nil, "source": source,
+		"create_ms": float64(time.Since(started).Microseconds()) / 1000,
+		"template":  rec.Template, "runtime": rec.Runtime, "tier": rec.Tier, "resources": rec.Resources,
 		"network": rec.Network, "allow": rec.Egress.Allow, "secrets": rec.Egress.Secrets, "metadata": rec.Metadata,
 	})
 	for _, w := range rec.Warnings {

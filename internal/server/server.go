@@ -28,6 +28,7 @@ import (
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/gateway"
 	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/metrics"
 	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
@@ -215,6 +216,24 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	cfg.Log = slog.New(egress.NewSlogHandler(cfg.Log.Handler(), red))
 	al := audit.New(st, red, cfg.Log)
+	var mgr *sandbox.Manager
+	if cfg.Admission.MaxConcurrent == 0 {
+		cfg.Admission.MaxConcurrent = cfg.MaxSandboxes
+	}
+	adm := govern.NewAdmission(cfg.Admission)
+	met := metrics.New(metrics.Config{
+		Sandboxes: func(ctx context.Context) (map[string]int, error) { return st.CountSandboxes(ctx) },
+		Pools: func() []metrics.Pool {
+			var out []metrics.Pool
+			for _, p := range mgr.Pools() {
+				out = append(out, metrics.Pool{Template: p.Template, Idle: p.Idle, Target: p.Target, Hits: p.Hits, Misses: p.Misses,
+					Refills: p.Refills, RefillSecondsAvg: p.RefillMSAvg / 1000})
+			}
+			return out
+		},
+		Admission: func() (int, int) { s := adm.Stats(); return s.Running, s.Waiting },
+	})
+	al.Observe(met.Event)
 	var gw *gateway.Gateway
 	if !cfg.NoNetwork {
 		gw, err = openGateway(cfg, al)
@@ -225,11 +244,6 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			gw = nil
 		}
 	}
-	if cfg.Admission.MaxConcurrent == 0 {
-		cfg.Admission.MaxConcurrent = cfg.MaxSandboxes
-	}
-	adm := govern.NewAdmission(cfg.Admission)
-	var mgr *sandbox.Manager
 	gov := govern.New(govern.Config{Defaults: cfg.Budgets, Loop: cfg.Loop, Audit: al, Log: cfg.Log,
 		OnTrip: func(t *store.Task) { mgr.OnTrip(t) }}, st)
 	var wd *watchdog.Watchdog
@@ -268,7 +282,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			"note": "the previous run did not stop cleanly; running sandboxes were adopted, dead ones ended as orphaned, state without a record reclaimed"})
 	}
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
-		Governor: gov}, mgr, st, cfg.Log)
+		Governor: gov, Metrics: met.Handler()}, mgr, st, cfg.Log)
 	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
 		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}}, nil
 }

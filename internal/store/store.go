@@ -437,6 +437,25 @@ func (s *Store) ListSandboxes(ctx context.Context, states ...string) ([]*Sandbox
 	return out, rows.Err()
 }
 
+// CountSandboxes counts the sandboxes that have not ended, by state.
+func (s *Store) CountSandboxes(ctx context.Context) (map[string]int, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT state, COUNT(*) FROM sandboxes WHERE state<>'ended' GROUP BY state`)
+	if err != nil {
+		return nil, fmt.Errorf("count sandboxes: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var state string
+		var n int
+		if err := rows.Scan(&state, &n); err != nil {
+			return nil, fmt.Errorf("count sandboxes: %w", err)
+		}
+		out[state] = n
+	}
+	return out, rows.Err()
+}
+
 // Command is the record of one command run in a sandbox.
 type Command struct {
 	ID          int64

@@ -1,0 +1,188 @@
+// Package metrics exposes corral's operational metrics in the Prometheus
+// text format (docs/configuration.md, "Metrics"): counters of audit events
+// by kind and outcome, the time sandboxes take to start, and gauges read
+// when scraped (sandboxes by state, warm pools, admission), beside the Go
+// runtime's and the process's own metrics.
+//
+// Events reach it through [Metrics.Event], which the audit log calls for
+// every event it records, so every counted event is also in the audit log.
+package metrics
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/corralhq/corral/internal/store"
+)
+
+// MaxSeries bounds the (kind, outcome) pairs counted; past it, new pairs
+// are counted with outcome "other", so a bug cannot grow memory without
+// bound.
+const MaxSeries = 1000
+
+// outcomeField names, for the kinds that have one, the field of an
+// event's data that becomes its "outcome" label. Every value of these
+// fields comes from a fixed set in the code.
+var outcomeField = map[string]string{
+	"egress.http":       "verdict",
+	"egress.connect":    "verdict",
+	"egress.tcp":        "verdict",
+	"egress.dns":        "verdict",
+	"sandbox.created":   "source",
+	"sandbox.ended":     "reason",
+	"task.breaker_open": "code",
+	"task.call_refused": "code",
+	"reaper.reclaimed":  "reason",
+}
+
+// Pool is the state of one warm pool at scrape time.
+type Pool struct {
+	Template         string
+	Idle, Target     int
+	Hits, Misses     int64
+	Refills          int64
+	RefillSecondsAvg float64
+}
+
+// Config says where the gauges are read when a scrape comes in. Nil
+// functions leave their metrics out.
+type Config struct {
+	// Sandboxes counts recorded sandboxes by state (running, paused).
+	Sandboxes func(ctx context.Context) (map[string]int, error)
+	// Pools lists the warm pools.
+	Pools func() []Pool
+	// Admission returns the sandboxes admitted and the creates waiting.
+	Admission func() (running, waiting int)
+}
+
+// Metrics is corral's metric registry. It is safe for concurrent use.
+type Metrics struct {
+	reg    *prometheus.Registry
+	events *prometheus.CounterVec
+	create *prometheus.HistogramVec
+
+	mu     sync.Mutex
+	series map[[2]string]bool // (kind, outcome) pairs seen; guarded by mu
+}
+
+// New returns a registry with corral's metrics and the Go and process
+// collectors.
+func New(cfg Config) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_events_total",
+			Help: "Audit events recorded, by kind and outcome (egress verdict, end reason, breaker code, create source; empty for other kinds).",
+		}, []string{"kind", "outcome"}),
+		create: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "corral_sandbox_create_seconds",
+			Help:    "Time from admission to a started sandbox, by source (template, snapshot, pool).",
+			Buckets: []float64{.005, .01, .025, .05, .1, .15, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"source"}),
+		series: map[[2]string]bool{},
+	}
+	m.reg.MustRegister(m.events, m.create, &gauges{cfg: cfg},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+// Event counts one audit event (and, for sandbox.created, its start
+// time). The audit log calls it for every event it records.
+func (m *Metrics) Event(ev *store.Event) {
+	outcome := ""
+	var data struct {
+		Verdict  string   `json:"verdict"`
+		Source   string   `json:"source"`
+		Reason   string   `json:"reason"`
+		Code     string   `json:"code"`
+		CreateMS *float64 `json:"create_ms"`
+	}
+	if field, ok := outcomeField[ev.Kind]; ok && json.Unmarshal(ev.Data, &data) == nil {
+		outcome = map[string]string{"verdict": data.Verdict, "source": data.Source, "reason": data.Reason, "code": data.Code}[field]
+		if ev.Kind == "sandbox.created" && data.CreateMS != nil && outcome != "" {
+			m.create.WithLabelValues(outcome).Observe(*data.CreateMS / 1000)
+		}
+	}
+	m.events.WithLabelValues(m.bound(ev.Kind, outcome)).Inc()
+}
+
+// bound returns the label values to count (kind, outcome) under: as given
+// while fewer than MaxSeries pairs were seen, else with outcome "other".
+func (m *Metrics) bound(kind, outcome string) (string, string) {
+	if len(outcome) > 64 {
+		outcome = outcome[:64]
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	key := [2]string{kind, outcome}
+	if !m.series[key] {
+		if len(m.series) >= MaxSeries {
+			return kind, "other"
+		}
+		m.series[key] = true
+	}
+	return kind, outcome
+}
+
+// gauges reads the state gauges when scraped.
+type gauges struct{ cfg Config }
+
+var (
+	sandboxesDesc = prometheus.NewDesc("corral_sandboxes", "Recorded sandboxes by state.", []string{"state"}, nil)
+	poolIdleDesc  = prometheus.NewDesc("corral_pool_idle", "Idle sandboxes in a warm pool.", []string{"template"}, nil)
+	poolTgtDesc   = prometheus.NewDesc("corral_pool_target", "The size a warm pool refills to.", []string{"template"}, nil)
+	poolHitsDesc  = prometheus.NewDesc("corral_pool_hits_total", "Creates served from a warm pool.", []string{"template"}, nil)
+	poolMissDesc  = prometheus.NewDesc("corral_pool_misses_total", "Creates for a pooled template that found the pool empty.", []string{"template"}, nil)
+	poolRefDesc   = prometheus.NewDesc("corral_pool_refills_total", "Sandboxes started to refill a warm pool.", []string{"template"}, nil)
+	poolRefAvg    = prometheus.NewDesc("corral_pool_refill_seconds_avg", "Average time to start one pooled sandbox.", []string{"template"}, nil)
+	admRunDesc    = prometheus.NewDesc("corral_admission_running", "Sandboxes admitted (running, paused or starting).", nil, nil)
+	admWaitDesc   = prometheus.NewDesc("corral_admission_waiting", "Creates waiting in the admission queue.", nil, nil)
+	scrapeErrDesc = prometheus.NewDesc("corral_scrape_error", "1 when a gauge could not be read in this scrape.", []string{"gauge"}, nil)
+)
+
+func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{sandboxesDesc, poolIdleDesc, poolTgtDesc, poolHitsDesc, poolMissDesc, poolRefDesc, poolRefAvg, admRunDesc, admWaitDesc, scrapeErrDesc} {
+		ch <- d
+	}
+}
+
+func (g *gauges) Collect(ch chan<- prometheus.Metric) {
+	if f := g.cfg.Sandboxes; f != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		counts, err := f(ctx)
+		cancel()
+		if err != nil {
+			ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1, "sandboxes")
+		}
+		for _, state := range []string{"running", "paused"} { // always present, 0 included
+			ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(counts[state]), state)
+		}
+	}
+	if f := g.cfg.Pools; f != nil {
+		for _, p := range f() {
+			ch <- prometheus.MustNewConstMetric(poolIdleDesc, prometheus.GaugeValue, float64(p.Idle), p.Template)
+			ch <- prometheus.MustNewConstMetric(poolTgtDesc, prometheus.GaugeValue, float64(p.Target), p.Template)
+			ch <- prometheus.MustNewConstMetric(poolHitsDesc, prometheus.CounterValue, float64(p.Hits), p.Template)
+			ch <- prometheus.MustNewConstMetric(poolMissDesc, prometheus.CounterValue, float64(p.Misses), p.Template)
+			ch <- prometheus.MustNewConstMetric(poolRefDesc, prometheus.CounterValue, float64(p.Refills), p.Template)
+			ch <- prometheus.MustNewConstMetric(poolRefAvg, prometheus.GaugeValue, p.RefillSecondsAvg, p.Template)
+		}
+	}
+	if f := g.cfg.Admission; f != nil {
+		running, waiting := f()
+		ch <- prometheus.MustNewConstMetric(admRunDesc, prometheus.GaugeValue, float64(running))
+		ch <- prometheus.MustNewConstMetric(admWaitDesc, prometheus.GaugeValue, float64(waiting))
+	}
+}

@@ -1,0 +1,166 @@
+package metrics
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/corralhq/corral/internal/store"
+)
+
+func ev(kind, data string) *store.Event {
+	return &store.Event{Kind: kind, Data: json.RawMessage(data)}
+}
+
+func TestEventCounts(t *testing.T) {
+	m := New(Config{})
+	for _, e := range []*store.Event{
+		ev("egress.http", `{"verdict":"allowed","host":"a.example"}`),
+		ev("egress.http", `{"verdict":"refused","reason":"not in the allowlist"}`),
+		ev("egress.http", `{"verdict":"refused"}`),
+		ev("egress.dns", `{"verdict":"refused"}`),
+		ev("sandbox.ended", `{"reason":"killed"}`),
+		ev("task.breaker_open", `{"code":"loop_detected"}`),
+		ev("file.write", `{"path":"/x","reason":"ignored: not an outcome kind"}`),
+		ev("egress.tcp", `not json`),
+	} {
+		m.Event(e)
+	}
+	tests := []struct {
+		kind, outcome string
+		want          float64
+	}{
+		{"egress.http", "allowed", 1},
+		{"egress.http", "refused", 2},
+		{"egress.dns", "refused", 1},
+		{"sandbox.ended", "killed", 1},
+		{"task.breaker_open", "loop_detected", 1},
+		{"file.write", "", 1},
+		{"egress.tcp", "", 1},
+	}
+	for _, tc := range tests {
+		if got := testutil.ToFloat64(m.events.WithLabelValues(tc.kind, tc.outcome)); got != tc.want {
+			t.Errorf("events{%s,%s} = %v, want %v", tc.kind, tc.outcome, got, tc.want)
+		}
+	}
+}
+
+func TestCreateHistogram(t *testing.T) {
+	m := New(Config{})
+	m.Event(ev("sandbox.created", `{"source":"pool","create_ms":20}`))
+	m.Event(ev("sandbox.created", `{"source":"pool","create_ms":30}`))
+	m.Event(ev("sandbox.created", `{"source":"template","create_ms":118}`))
+	m.Event(ev("sandbox.created", `{"source":"template"}`)) // counted, no time
+	want := `
+# HELP corral_sandbox_create_seconds Time from admission to a started sandbox, by source (template, snapshot, pool).
+# TYPE corral_sandbox_create_seconds histogram
+corral_sandbox_create_seconds_bucket{source="pool",le="0.005"} 0
+corral_sandbox_create_seconds_bucket{source="pool",le="0.01"} 0
+corral_sandbox_create_seconds_bucket{source="pool",le="0.025"} 1
+corral_sandbox_create_seconds_bucket{source="pool",le="0.05"} 2
+corral_sandbox_create_seconds_bucket{source="pool",le="0.1"} 2
+corral_sandbox_create_seconds_bucket{source="pool",le="0.15"} 2
+corral_sandbox_create_seconds_bucket{source="pool",le="0.25"} 2
+corral_sandbox_create_seconds_bucket{source="pool",le="0.5"} 2
+corral_sandbox_create_seconds_bucket{source="pool",le="1"} 2
+corral_sandbox_create_seconds_bucket{source="pool",le="2.5"} 2
+corral_sandbox_create_seconds_bucket{source="pool",le="5"} 2
+corral_sandbox_create_seconds_bucket{source="pool",le="10"} 2
+corral_sandbox_create_seconds_bucket{source="pool",le="+Inf"} 2
+corral_sandbox_create_seconds_sum{source="pool"} 0.05
+corral_sandbox_create_seconds_count{source="pool"} 2
+corral_sandbox_create_seconds_bucket{source="template",le="0.005"} 0
+corral_sandbox_create_seconds_bucket{source="template",le="0.01"} 0
+corral_sandbox_create_seconds_bucket{source="template",le="0.025"} 0
+corral_sandbox_create_seconds_bucket{source="template",le="0.05"} 0
+corral_sandbox_create_seconds_bucket{source="template",le="0.1"} 0
+corral_sandbox_create_seconds_bucket{source="template",le="0.15"} 1
+corral_sandbox_create_seconds_bucket{source="template",le="0.25"} 1
+corral_sandbox_create_seconds_bucket{source="template",le="0.5"} 1
+corral_sandbox_create_seconds_bucket{source="template",le="1"} 1
+corral_sandbox_create_seconds_bucket{source="template",le="2.5"} 1
+corral_sandbox_create_seconds_bucket{source="template",le="5"} 1
+corral_sandbox_create_seconds_bucket{source="template",le="10"} 1
+corral_sandbox_create_seconds_bucket{source="template",le="+Inf"} 1
+corral_sandbox_create_seconds_sum{source="template"} 0.118
+corral_sandbox_create_seconds_count{source="template"} 1
+`
+	if err := testutil.CollectAndCompare(m.create, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.events.WithLabelValues("sandbox.created", "template")); got != 2 {
+		t.Fatalf("sandbox.created{template} = %v, want 2", got)
+	}
+}
+
+// TestSeriesBounded: past MaxSeries (kind, outcome) pairs, new outcomes
+// are counted as "other"; known pairs keep counting.
+func TestSeriesBounded(t *testing.T) {
+	m := New(Config{})
+	for i := 0; i < MaxSeries+50; i++ {
+		m.Event(ev("sandbox.ended", fmt.Sprintf(`{"reason":"r%d"}`, i)))
+	}
+	m.Event(ev("sandbox.ended", `{"reason":"r0"}`))
+	if got := testutil.ToFloat64(m.events.WithLabelValues("sandbox.ended", "other")); got != 50 {
+		t.Fatalf("other = %v, want 50", got)
+	}
+	if got := testutil.ToFloat64(m.events.WithLabelValues("sandbox.ended", "r0")); got != 2 {
+		t.Fatalf("r0 = %v, want 2", got)
+	}
+	if n := testutil.CollectAndCount(m.events); n != MaxSeries+1 {
+		t.Fatalf("%d series, want %d", n, MaxSeries+1)
+	}
+}
+
+func TestGaugesAndHandler(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want []string
+		not  []string
+	}{
+		{"all", Config{
+			Sandboxes: func(context.Context) (map[string]int, error) { return map[string]int{"running": 3, "paused": 1}, nil },
+			Pools: func() []Pool {
+				return []Pool{{Template: "base", Idle: 2, Target: 3, Hits: 7, Misses: 1, Refills: 9, RefillSecondsAvg: 0.115}}
+			},
+			Admission: func() (int, int) { return 4, 2 },
+		}, []string{
+			`corral_sandboxes{state="running"} 3`, `corral_sandboxes{state="paused"} 1`,
+			`corral_pool_idle{template="base"} 2`, `corral_pool_target{template="base"} 3`,
+			`corral_pool_hits_total{template="base"} 7`, `corral_pool_misses_total{template="base"} 1`,
+			`corral_pool_refills_total{template="base"} 9`, `corral_pool_refill_seconds_avg{template="base"} 0.115`,
+			`corral_admission_running 4`, `corral_admission_waiting 2`, `go_goroutines `, `process_open_fds `,
+		}, []string{"corral_scrape_error"}},
+		{"store error", Config{
+			Sandboxes: func(context.Context) (map[string]int, error) { return nil, errors.New("disk on fire") },
+		}, []string{`corral_scrape_error{gauge="sandboxes"} 1`, `corral_sandboxes{state="running"} 0`}, []string{"corral_pool_idle", "corral_admission_running"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			New(tc.cfg).Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+			body, _ := io.ReadAll(rec.Body)
+			if rec.Code != 200 {
+				t.Fatalf("status %d: %s", rec.Code, body)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(body), w) {
+					t.Errorf("missing %q", w)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(string(body), n) {
+					t.Errorf("unexpected %q", n)
+				}
+			}
+		})
+	}
+}
