@@ -112,6 +112,10 @@ type Config struct {
 	// IdleTimeout ends sandboxes with no command running and none started
 	// or ended for this long (0: never). Recorded as end reason "idle".
 	IdleTimeout time.Duration
+	// MemoryPressure reports whether the host is short of memory, which
+	// empties the warm pools and stops their refills (nil: available
+	// memory below PoolMemoryFloor of the total, from /proc/meminfo).
+	MemoryPressure func() bool
 	// RunawayAction is what the watchdog's CPU-runaway rule does:
 	// RunawayKillSandbox (default) or RunawayKillCommands.
 	RunawayAction string
@@ -997,7 +1001,7 @@ func (m *Manager) watch() {
 				m.audit("", "network.table_restored", map[string]any{"note": "the nftables table was missing (flushed?) and was reinstalled"})
 			}
 		}
-		go m.refillPools()
+		go m.RefillPools()
 		if reap++; time.Duration(reap)*m.cfg.WatchInterval >= ReapInterval {
 			reap = 0
 			m.Reap(context.Background())

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"context"
+	"io"
 	"os"
 	"sort"
 	"strconv"
@@ -144,7 +145,7 @@ func (m *Manager) SetPool(ctx context.Context, c PoolConfig) (PoolStats, error) 
 		m.stopPooled(d)
 	}
 	m.audit("", "pool.set", map[string]any{"template": c.Template, "min": c.Min, "max": c.Max, "max_idle_s": int64(c.MaxIdle / time.Second)})
-	go m.refillPools()
+	go m.RefillPools()
 	return st, nil
 }
 
@@ -262,16 +263,17 @@ func (m *Manager) capacityLeft() int {
 	return limit - n - m.idleCount()
 }
 
-// refillPools replaces pooled sandboxes past their idle age, tops every
+// RefillPools replaces pooled sandboxes past their idle age, tops every
 // pool up to its target within the global limit, and empties pools under
-// memory pressure. It runs from the watch loop and after SetPool.
-func (m *Manager) refillPools() {
+// memory pressure. The watch loop runs it every second and SetPool after
+// each change; a call while another pass runs returns at once.
+func (m *Manager) RefillPools() {
 	if !m.pools.refilling.TryLock() {
 		return
 	}
 	defer m.pools.refilling.Unlock()
 	now := time.Now()
-	pressure := memoryPressure()
+	pressure := m.memoryPressure()
 	m.pools.mu.Lock()
 	var stale []*pooled
 	type job struct {
@@ -303,6 +305,7 @@ func (m *Manager) refillPools() {
 	}
 	if pressure && len(stale) > 0 {
 		m.log.Warn("memory pressure: pools emptied", "stopped", len(stale))
+		m.audit("", "pool.emptied", map[string]any{"reason": "memory_pressure", "stopped": len(stale)})
 	}
 	for _, j := range jobs {
 		for i := 0; i < j.n && m.capacityLeft() > 1; i++ {
@@ -373,28 +376,51 @@ func (m *Manager) drainPools() {
 	}
 }
 
-// memoryPressure reports whether the host's available memory is below
+// memoryPressure reports whether warm pools must give memory back:
+// Config.MemoryPressure, or hostMemoryPressure.
+func (m *Manager) memoryPressure() bool {
+	if f := m.cfg.MemoryPressure; f != nil {
+		return f()
+	}
+	return hostMemoryPressure()
+}
+
+// hostMemoryPressure reports whether the host's available memory is below
 // PoolMemoryFloor of its total (from /proc/meminfo).
-func memoryPressure() bool {
+func hostMemoryPressure() bool {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
 		return false
 	}
 	defer f.Close()
+	frac, ok := availableFraction(f)
+	return ok && frac < PoolMemoryFloor
+}
+
+// availableFraction reads MemAvailable/MemTotal from /proc/meminfo text;
+// ok is false when either is missing.
+func availableFraction(r io.Reader) (frac float64, ok bool) {
 	var total, avail float64
-	sc := bufio.NewScanner(f)
+	var haveAvail bool
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
 		if len(fs) < 2 {
 			continue
 		}
-		v, _ := strconv.ParseFloat(fs[1], 64)
+		v, err := strconv.ParseFloat(fs[1], 64)
+		if err != nil {
+			continue
+		}
 		switch fs[0] {
 		case "MemTotal:":
 			total = v
 		case "MemAvailable:":
-			avail = v
+			avail, haveAvail = v, true
 		}
 	}
-	return total > 0 && avail/total < PoolMemoryFloor
+	if total <= 0 || !haveAvail {
+		return 0, false
+	}
+	return avail / total, true
 }

@@ -96,6 +96,9 @@ type Config struct {
 	Watchdog watchdog.Config
 	// IdleTimeout ends sandboxes idle this long (0: never).
 	IdleTimeout time.Duration
+	// MemoryPressure overrides the host memory check that empties warm
+	// pools (sandbox.Config.MemoryPressure); nil: /proc/meminfo.
+	MemoryPressure func() bool
 	// RunawayAction is "sandbox" (default: kill the sandbox) or "command"
 	// (kill its running commands) when the CPU-runaway rule fires.
 	RunawayAction string
@@ -251,7 +254,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace,
 		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
-		IdleTimeout: cfg.IdleTimeout, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
+		IdleTimeout: cfg.IdleTimeout, MemoryPressure: cfg.MemoryPressure, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
 		TemplateDir: filepath.Join(cfg.DataDir, "template-versions"),
 	}, st, drv, templateSource{tmpl}, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)

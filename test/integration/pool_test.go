@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/corralhq/corral/internal/server"
 	corral "github.com/corralhq/corral/sdk/go"
 )
 
@@ -139,4 +142,46 @@ func mustDirs(t *testing.T, dir string) []string {
 		}
 	}
 	return out
+}
+
+// TestWarmPoolMemoryPressure: under host memory pressure the pools give
+// their idle sandboxes back (stopped, gone from the host, recorded as
+// pool.emptied) and do not refill; when the pressure ends they refill.
+// The pressure signal is injected (server.Config.MemoryPressure): filling
+// this machine's memory for real would endanger everything else on it.
+// /proc/meminfo parsing is tested in internal/sandbox.
+func TestWarmPoolMemoryPressure(t *testing.T) {
+	var pressure atomic.Bool
+	s := startGovServer(t, "pressure", func(c *server.Config) { c.MemoryPressure = pressure.Load })
+	ctx := context.Background()
+	if _, err := s.c.SetPool(ctx, "base", 2, 2, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = s.c.SetPool(context.Background(), "base", 0, 0, 0) })
+	idle := func() int {
+		ps, err := s.c.Pools(ctx)
+		if err != nil || len(ps) != 1 {
+			t.Fatalf("pools: %v %v", ps, err)
+		}
+		return ps[0].Idle
+	}
+	sandboxDirs := func() int { return len(mustDirs(t, filepath.Join(s.ts.DataDir, "sandboxes"))) }
+	waitFor(t, "the pool to fill", time.Minute, func() bool { return idle() == 2 && sandboxDirs() == 2 })
+
+	pressure.Store(true)
+	waitFor(t, "the pool to empty under pressure", time.Minute, func() bool { return idle() == 0 && sandboxDirs() == 0 })
+	evs, err := s.c.Audit(ctx, corral.AuditQuery{Kind: "pool.emptied"})
+	if err != nil || len(evs) == 0 || !strings.Contains(string(evs[0].Data), `"reason":"memory_pressure"`) {
+		t.Fatalf("pool.emptied events: %+v %v", evs, err)
+	}
+	// While the pressure lasts, refill passes start nothing.
+	for i := 0; i < 3; i++ {
+		s.ts.Srv.Manager.RefillPools()
+		if n, d := idle(), sandboxDirs(); n != 0 || d != 0 {
+			t.Fatalf("under memory pressure a refill pass left %d idle, %d sandboxes on the host", n, d)
+		}
+	}
+
+	pressure.Store(false)
+	waitFor(t, "the pool to refill after the pressure", time.Minute, func() bool { return idle() == 2 })
 }
