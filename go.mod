@@ -11,6 +11,7 @@ require (
 	github.com/google/nftables v0.3.0
 	github.com/miekg/dns v1.1.73
 	github.com/moby/profiles/seccomp v0.3.0
+	github.com/moby/sys/mountinfo v0.7.2
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3

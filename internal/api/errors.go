@@ -27,6 +27,8 @@ const (
 	CodeEnvSecret = "env_secret_refused"
 	// CodeNetworkUnavailable: a network was asked for, the server has none.
 	CodeNetworkUnavailable = "network_unavailable"
+	// CodeVolumesUnavailable: volumes were asked for, the server has none.
+	CodeVolumesUnavailable = "volumes_unavailable"
 )
 
 // MaxJSONBody bounds JSON request bodies.
@@ -76,6 +78,10 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, CodeConflict, conflict.Msg)
 	case errors.Is(err, sandbox.ErrNetworkUnavailable):
 		writeError(w, http.StatusServiceUnavailable, CodeNetworkUnavailable, err.Error()+"; see the server log")
+	case errors.Is(err, sandbox.ErrVolumesUnavailable):
+		writeError(w, http.StatusServiceUnavailable, CodeVolumesUnavailable, err.Error())
+	case errors.Is(err, sandbox.ErrVolumeNotFound):
+		writeError(w, http.StatusNotFound, CodeNotFound, "volume not found")
 	case errors.Is(err, sandbox.ErrNotFound):
 		writeError(w, http.StatusNotFound, CodeNotFound, "sandbox not found")
 	case errors.Is(err, sandbox.ErrConflict):

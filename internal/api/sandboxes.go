@@ -11,23 +11,24 @@ import (
 
 // sandboxView is the JSON form of a sandbox (docs/api.md).
 type sandboxView struct {
-	ID             string            `json:"id"`
-	Template       string            `json:"template"`
-	Runtime        string            `json:"runtime"`
-	State          string            `json:"state"`
-	Tier           string            `json:"tier"`
-	Resources      store.Resources   `json:"resources"`
-	CommandTimeout int64             `json:"command_timeout"`
-	Network        string            `json:"network"`
-	Allow          []string          `json:"allow"`
-	Secrets        []string          `json:"secrets"`
-	Metadata       map[string]string `json:"metadata"`
-	CreatedAt      string            `json:"created_at"`
-	ExpiresAt      string            `json:"expires_at"`
-	EndedAt        *string           `json:"ended_at"`
-	EndReason      string            `json:"end_reason"`
-	Task           string            `json:"task"`
-	Snapshot       string            `json:"snapshot"`
+	ID             string              `json:"id"`
+	Template       string              `json:"template"`
+	Runtime        string              `json:"runtime"`
+	State          string              `json:"state"`
+	Tier           string              `json:"tier"`
+	Resources      store.Resources     `json:"resources"`
+	CommandTimeout int64               `json:"command_timeout"`
+	Network        string              `json:"network"`
+	Allow          []string            `json:"allow"`
+	Secrets        []string            `json:"secrets"`
+	Metadata       map[string]string   `json:"metadata"`
+	CreatedAt      string              `json:"created_at"`
+	ExpiresAt      string              `json:"expires_at"`
+	EndedAt        *string             `json:"ended_at"`
+	EndReason      string              `json:"end_reason"`
+	Task           string              `json:"task"`
+	Snapshot       string              `json:"snapshot"`
+	Volumes        []store.VolumeMount `json:"volumes"`
 	// Warnings are set on create only (for example env vars that look
 	// like secrets).
 	Warnings []string `json:"warnings,omitempty"`
@@ -51,6 +52,10 @@ func view(sb *store.Sandbox) sandboxView {
 	}
 	if v.Metadata == nil {
 		v.Metadata = map[string]string{}
+	}
+	v.Volumes = sb.Volumes
+	if v.Volumes == nil {
+		v.Volumes = []store.VolumeMount{}
 	}
 	if sb.EndedAt != nil {
 		e := ts(*sb.EndedAt)

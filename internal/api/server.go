@@ -74,6 +74,10 @@ func (s *Server) routes() {
 	if s.cfg.Metrics != nil {
 		s.mux.Handle("GET /metrics", s.auth(s.cfg.Metrics.ServeHTTP))
 	}
+	s.mux.Handle("POST /v1/volumes", s.auth(s.createVolume))
+	s.mux.Handle("GET /v1/volumes", s.auth(s.listVolumes))
+	s.mux.Handle("GET /v1/volumes/{ref}", s.auth(s.getVolume))
+	s.mux.Handle("DELETE /v1/volumes/{ref}", s.auth(s.deleteVolume))
 	s.mux.Handle("POST /v1/sandboxes", s.auth(s.createSandbox))
 	s.mux.Handle("GET /v1/sandboxes", s.auth(s.listSandboxes))
 	s.mux.Handle("GET /v1/sandboxes/{id}", s.auth(s.getSandbox))

@@ -68,6 +68,9 @@ type Config struct {
 	// Files are host files bind-mounted read-only into the sandbox
 	// (resolv.conf, the egress CA bundle).
 	Files []FileBind
+	// Volumes are host directories (mounted volumes) bind-mounted
+	// read-write, nosuid and nodev.
+	Volumes []FileBind
 }
 
 // FileBind mounts the host file Source read-only at Destination.

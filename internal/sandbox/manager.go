@@ -26,6 +26,7 @@ import (
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/volume"
 	"github.com/corralhq/corral/internal/watchdog"
 )
 
@@ -112,6 +113,9 @@ type Config struct {
 	// IdleTimeout ends sandboxes with no command running and none started
 	// or ended for this long (0: never). Recorded as end reason "idle".
 	IdleTimeout time.Duration
+	// Volumes keeps the volumes sandboxes mount (nil: volumes are
+	// unavailable).
+	Volumes *volume.Store
 	// MemoryPressure reports whether the host is short of memory, which
 	// empties the warm pools and stops their refills (nil: available
 	// memory below PoolMemoryFloor of the total, from /proc/meminfo).
@@ -166,6 +170,11 @@ type Manager struct {
 	wd atomic.Pointer[watchdog.Watchdog]
 	// pools are the warm pools.
 	pools pools
+	// volMu: creates that mount volumes hold it shared until their
+	// sandbox is recorded and started; volume creation and deletion hold
+	// it exclusively, so a volume is never deleted under a starting
+	// sandbox.
+	volMu sync.RWMutex
 	// importMu: imports hold it shared from the extraction until their
 	// record is stored; purgeUnusedImports holds it exclusively, so it
 	// never removes an import a record is about to name.
@@ -235,6 +244,8 @@ type CreateRequest struct {
 	// its files are persisted and its processes stopped.
 	AutoPause   bool `json:"auto_pause"`
 	PauseMemory bool `json:"pause_memory"`
+	// Volumes are mounted read-write in the sandbox.
+	Volumes []VolumeRequest `json:"volumes"`
 
 	// anySnapshot lets a resume use its hidden persisted snapshot.
 	anySnapshot bool
@@ -281,6 +292,9 @@ func (m *Manager) validate(ctx context.Context, req *CreateRequest) (*store.Sand
 		rec.Egress.Allow = slices.Clone(req.Allow)
 	}
 	rec.Egress.Secrets = slices.Clone(req.Secrets)
+	if rec.Volumes, rc.Volumes, err = m.resolveVolumes(ctx, req.Volumes); err != nil {
+		return nil, rc, nil, err
+	}
 	return rec, rc, &netPlan{policy: pol, secrets: secrets}, nil
 }
 
@@ -444,6 +458,10 @@ func newID() string {
 
 // Create validates req, starts the sandbox and records it.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error) {
+	if len(req.Volumes) > 0 {
+		m.volMu.RLock()
+		defer m.volMu.RUnlock()
+	}
 	rec, rc, plan, err := m.validate(ctx, &req)
 	if err != nil {
 		return nil, err

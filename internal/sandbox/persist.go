@@ -100,6 +100,11 @@ func (m *Manager) restart(ctx context.Context, ls *liveSandbox) error {
 		return fmt.Errorf("restart %s: %w", rec.ID, err)
 	}
 	rc.ID, rc.AccessToken = rec.ID, rec.AccessToken
+	m.volMu.RLock()
+	defer m.volMu.RUnlock()
+	if rc.Volumes, err = m.volumeBinds(ctx, rec.Volumes); err != nil {
+		return fmt.Errorf("restart %s: %w", rec.ID, err)
+	}
 	pol, err := parsePolicy(rec.Network, rec.Egress.Allow)
 	if err != nil {
 		return err

@@ -93,7 +93,7 @@ var noPolicy = egress.Policy{Mode: egress.ModeNone}
 func poolable(req *CreateRequest) bool {
 	return len(req.Env) == 0 && (req.Network == "" || req.Network == "none") && len(req.Allow) == 0 &&
 		len(req.Secrets) == 0 && req.Snapshot == "" && (req.Runtime == "" || req.Runtime == string(runtime.Runc)) &&
-		(req.Tier == "" || req.Tier == DefaultTier) && req.Resources == nil
+		(req.Tier == "" || req.Tier == DefaultTier) && req.Resources == nil && len(req.Volumes) == 0
 }
 
 // SetPool creates or changes the pool of a template (min 0 and max 0

@@ -173,7 +173,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, ttl *int64) ([
 			Snapshot: sn.ID, Runtime: parent.Runtime, Tier: parent.Tier,
 			Resources: &ResourceRequest{CPU: r.CPU, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids, Nofile: r.Nofile},
 			Timeout:   ttl, Metadata: parent.Metadata, Network: parent.Network, Allow: parent.Egress.Allow,
-			Secrets: parent.Egress.Secrets, Task: parent.TaskID,
+			Secrets: parent.Egress.Secrets, Task: parent.TaskID, Volumes: volumeRequests(parent.Volumes),
 		}
 		sb, err := m.Create(ctx, req)
 		if err != nil {

@@ -33,6 +33,7 @@ import (
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template"
+	"github.com/corralhq/corral/internal/volume"
 	"github.com/corralhq/corral/internal/watchdog"
 )
 
@@ -249,12 +250,19 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	gov := govern.New(govern.Config{Defaults: cfg.Budgets, Loop: cfg.Loop, Audit: al, Log: cfg.Log,
 		OnTrip: func(t *store.Task) { mgr.OnTrip(t) }}, st)
+	// Volumes need loop devices and mkfs.ext4; without them the server
+	// runs and volume calls fail with a clear error.
+	vols, err := volume.New(filepath.Join(cfg.DataDir, "volumes"), template.ContainerIDOffset+1000)
+	if err != nil {
+		cfg.Log.Warn("volumes unavailable", "err", err)
+		vols = nil
+	}
 	var wd *watchdog.Watchdog
 	mgr = sandbox.New(sandbox.Config{
 		MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace,
 		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
-		IdleTimeout: cfg.IdleTimeout, MemoryPressure: cfg.MemoryPressure, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
+		IdleTimeout: cfg.IdleTimeout, MemoryPressure: cfg.MemoryPressure, Volumes: vols, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
 		TemplateDir: filepath.Join(cfg.DataDir, "template-versions"),
 	}, st, drv, templateSource{tmpl}, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)

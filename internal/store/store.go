@@ -129,6 +129,13 @@ CREATE TRIGGER IF NOT EXISTS events_append_only_update BEFORE UPDATE ON events
 BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
 CREATE TRIGGER IF NOT EXISTS events_append_only_delete BEFORE DELETE ON events
 BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+CREATE TABLE IF NOT EXISTS volumes (
+	id TEXT PRIMARY KEY,
+	name TEXT NOT NULL UNIQUE,
+	size_mb INTEGER NOT NULL,
+	token TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS api_keys (
 	hash TEXT PRIMARY KEY,
 	name TEXT NOT NULL,
@@ -185,6 +192,7 @@ var addedColumns = []struct{ table, column, def string }{
 	{"sandboxes", "env", "TEXT NOT NULL DEFAULT '{}'"},
 	{"sandboxes", "persisted", "TEXT NOT NULL DEFAULT ''"},
 	{"sandboxes", "lifecycle", "TEXT NOT NULL DEFAULT '{}'"},
+	{"sandboxes", "volumes", "TEXT NOT NULL DEFAULT '[]'"},
 }
 
 func addColumns(db *sql.DB) error {
@@ -258,6 +266,8 @@ type Sandbox struct {
 	Persisted string
 	// Lifecycle says what happens at the end of the TTL.
 	Lifecycle Lifecycle
+	// Volumes are the volumes mounted in the sandbox.
+	Volumes []VolumeMount
 	// Warnings are returned by create and recorded in the audit log; they
 	// are not stored with the record.
 	Warnings []string
@@ -289,16 +299,24 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	eg, _ := json.Marshal(sb.Egress)
 	envJSON, _ := json.Marshal(orEmpty(sb.Env))
 	lc, _ := json.Marshal(sb.Lifecycle)
+	vols, _ := json.Marshal(orEmptySlice(sb.Volumes))
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
-		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version, env, lifecycle)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version, env, lifecycle, volumes)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
 		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID, sb.Snapshot, sb.TemplateVersion,
-		string(envJSON), string(lc))
+		string(envJSON), string(lc), string(vols))
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
 	return nil
+}
+
+func orEmptySlice[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 func orEmpty(m map[string]string) map[string]string {
@@ -370,19 +388,20 @@ func (s *Store) SetState(ctx context.Context, id, state string, expires time.Tim
 	return nil
 }
 
-const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version, env, persisted, lifecycle`
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version, env, persisted, lifecycle, volumes`
 
 func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
-	var res, meta, eg, envJSON, lc string
+	var res, meta, eg, envJSON, lc, vols string
 	var ctMS, created, expires int64
 	var ended sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
-		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion, &envJSON, &sb.Persisted, &lc); err != nil {
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion, &envJSON, &sb.Persisted, &lc, &vols); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(envJSON), &sb.Env)
 	_ = json.Unmarshal([]byte(lc), &sb.Lifecycle)
+	_ = json.Unmarshal([]byte(vols), &sb.Volumes)
 	_ = json.Unmarshal([]byte(eg), &sb.Egress)
 	_ = json.Unmarshal([]byte(res), &sb.Resources)
 	_ = json.Unmarshal([]byte(meta), &sb.Metadata)

@@ -119,6 +119,9 @@ type sandboxJSON struct {
 		DiskMB   int64   `json:"disk_mb"`
 		Pids     int64   `json:"pids"`
 	} `json:"resources"`
+	Volumes []struct {
+		ID, Name, Path string
+	} `json:"volumes"`
 }
 
 type execResult struct {

@@ -179,6 +179,10 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: f.Destination, Type: "bind",
 			Source: f.Source, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
+	for _, v := range cfg.Volumes {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: v.Destination, Type: "bind",
+			Source: v.Source, Options: []string{"rbind", "rw", "nosuid", "nodev"}})
+	}
 	if in.cfg.Runtime == runtime.GVisor {
 		// runsc puts an internal tmpfs on /tmp unless the spec mounts
 		// something there; that tmpfs would escape the disk cap. Bind the

@@ -1,0 +1,73 @@
+package api
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/corralhq/corral/internal/store"
+)
+
+// volumeView is a volume in the native API.
+type volumeView struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	SizeMB    int64  `json:"size_mb"`
+	UsedBytes *int64 `json:"used_bytes,omitempty"`
+	// Token is the bearer token of the volume content API (/volumecontent).
+	Token     string `json:"token"`
+	CreatedAt string `json:"created_at"`
+}
+
+func (s *Server) volumeView(v *store.Volume) volumeView {
+	out := volumeView{ID: v.ID, Name: v.Name, SizeMB: v.SizeMB, Token: v.Token, CreatedAt: v.CreatedAt.Format(time.RFC3339Nano)}
+	if used, _, err := s.mgr.VolumeUsage(v); err == nil {
+		out.UsedBytes = &used
+	}
+	return out
+}
+
+func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name   string `json:"name"`
+		SizeMB int64  `json:"size_mb"`
+	}
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	v, err := s.mgr.CreateVolume(r.Context(), req.Name, req.SizeMB)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.volumeView(v))
+}
+
+func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
+	vs, err := s.mgr.Volumes(r.Context())
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	out := []volumeView{}
+	for _, v := range vs {
+		out = append(out, s.volumeView(v))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"volumes": out})
+}
+
+func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
+	v, err := s.mgr.Volume(r.Context(), r.PathValue("ref"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.volumeView(v))
+}
+
+func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
+	if err := s.mgr.DeleteVolume(r.Context(), r.PathValue("ref")); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

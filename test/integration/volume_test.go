@@ -1,0 +1,120 @@
+package integration
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moby/sys/mountinfo"
+)
+
+type volumeJSON struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	SizeMB    int64  `json:"size_mb"`
+	UsedBytes *int64 `json:"used_bytes"`
+	Token     string `json:"token"`
+}
+
+// TestVolumes: a volume outlives the sandboxes that mount it, is capped at
+// its size (ENOSPC inside, nothing beyond on the host), is mounted nosuid,
+// cannot be deleted while a sandbox mounts it, and leaves nothing on the
+// host once deleted. Bad requests change nothing.
+func TestVolumes(t *testing.T) {
+	need(t)
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skip("volumes need loop devices: " + err.Error())
+	}
+	name := "vol-" + randHex(4)
+	var v volumeJSON
+	if code := call(t, "POST", "/v1/volumes", map[string]any{"name": name, "size_mb": 32}, &v); code != http.StatusCreated {
+		t.Fatalf("create volume: %d %+v", code, v)
+	}
+	t.Cleanup(func() { call(t, "DELETE", "/v1/volumes/"+v.ID, nil, nil) })
+	hostDir := filepath.Join(env.dataDir, "volumes", v.ID)
+
+	var e apiErr
+	for _, tc := range []struct {
+		body map[string]any
+		code int
+	}{
+		{map[string]any{"name": name}, http.StatusConflict},
+		{map[string]any{"name": "../etc"}, http.StatusBadRequest},
+		{map[string]any{"name": "tiny-" + randHex(3), "size_mb": 1}, http.StatusBadRequest},
+	} {
+		if code := call(t, "POST", "/v1/volumes", tc.body, &e); code != tc.code {
+			t.Fatalf("create %v: %d %+v, want %d", tc.body, code, e, tc.code)
+		}
+	}
+	for _, tc := range []struct {
+		mount []map[string]any
+		want  string
+	}{
+		{[]map[string]any{{"volume": name, "path": "/etc"}}, "reserved"},
+		{[]map[string]any{{"volume": name, "path": "data"}}, "absolute"},
+		{[]map[string]any{{"volume": "no-such-volume", "path": "/data"}}, "does not exist"},
+		{[]map[string]any{{"volume": name, "path": "/data"}, {"volume": name, "path": "/data/x"}}, "overlap"},
+	} {
+		var sb sandboxJSON
+		code := call(t, "POST", "/v1/sandboxes", map[string]any{"volumes": tc.mount}, &sb)
+		if code != http.StatusBadRequest {
+			t.Fatalf("create with %v: %d, want 400", tc.mount, code)
+		}
+	}
+
+	a := create(t, map[string]any{"volumes": []map[string]any{{"volume": name, "path": "/data"}}})
+	if out := mustSh(t, a, "echo kept > /data/hello.txt && stat -c '%U %a' /data /data/hello.txt"); out != "user 755\nuser 644\n" {
+		t.Fatalf("volume ownership: %q", out)
+	}
+	// The cap: 64 MiB into a 32 MiB volume ends in ENOSPC.
+	res := sh(t, a, "dd if=/dev/zero of=/data/fill bs=1M count=64")
+	if res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left on device") {
+		t.Fatalf("filling the volume: exit %d %q", res.ExitCode, res.Stderr)
+	}
+	var st volumeJSON
+	call(t, "GET", "/v1/volumes/"+name, nil, &st)
+	if st.UsedBytes == nil || *st.UsedBytes > 32<<20 || *st.UsedBytes < 16<<20 {
+		t.Fatalf("used bytes after the fill: %v", st.UsedBytes)
+	}
+	fi, err := os.Stat(filepath.Join(hostDir, "image.ext4"))
+	if err != nil || fi.Size() != 32<<20 {
+		t.Fatalf("host image: %v %v", fi, err)
+	}
+	mustSh(t, a, "rm /data/fill")
+	// nosuid: a setuid copy of id made by root does not make user root.
+	mustSh(t, a, "cp /usr/bin/id /data/id && chmod 4755 /data/id", map[string]any{"user": "root"})
+	if out := mustSh(t, a, "/data/id -u; /data/id -un"); out != "1000\nuser\n" {
+		t.Fatalf("a setuid binary on the volume ran as %q", out)
+	}
+	if code := call(t, "DELETE", "/v1/volumes/"+name, nil, &e); code != http.StatusConflict || !strings.Contains(e.Message, a) {
+		t.Fatalf("delete of a mounted volume: %d %+v", code, e)
+	}
+
+	// Another sandbox, after the first is gone, sees what it left.
+	call(t, "DELETE", "/v1/sandboxes/"+a, nil, nil)
+	b := create(t, map[string]any{"volumes": []map[string]any{{"volume": v.ID, "path": "/home/user/work"}}})
+	if out := mustSh(t, b, "cat /home/user/work/hello.txt"); out != "kept\n" {
+		t.Fatalf("second sandbox reads %q", out)
+	}
+	var got sandboxJSON
+	call(t, "GET", "/v1/sandboxes/"+b, nil, &got)
+	if len(got.Volumes) != 1 || got.Volumes[0].ID != v.ID || got.Volumes[0].Path != "/home/user/work" {
+		t.Fatalf("sandbox record volumes: %+v", got.Volumes)
+	}
+	call(t, "DELETE", "/v1/sandboxes/"+b, nil, nil)
+
+	if code := call(t, "DELETE", "/v1/volumes/"+name, nil, &e); code != http.StatusNoContent {
+		t.Fatalf("delete: %d %+v", code, e)
+	}
+	if _, err := os.Stat(hostDir); !os.IsNotExist(err) {
+		t.Fatalf("the volume's host dir is left: %v", err)
+	}
+	if mounted, _ := mountinfo.Mounted(filepath.Join(hostDir, "mnt")); mounted {
+		t.Fatal("the volume is still mounted on the host")
+	}
+	if code := call(t, "GET", "/v1/volumes/"+name, nil, &e); code != http.StatusNotFound {
+		t.Fatalf("get after delete: %d", code)
+	}
+}
