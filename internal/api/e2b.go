@@ -40,6 +40,10 @@ func (s *Server) e2bRoutes() {
 	s.mux.Handle("GET /sandboxes/{id}", s.e2bAuth(s.e2bGet))
 	s.mux.Handle("DELETE /sandboxes/{id}", s.e2bAuth(s.e2bKill))
 	s.mux.Handle("POST /sandboxes/{id}/timeout", s.e2bAuth(s.e2bTimeout))
+	s.mux.Handle("POST /volumes", s.e2bAuth(s.e2bCreateVolume))
+	s.mux.Handle("GET /volumes", s.e2bAuth(s.e2bListVolumes))
+	s.mux.Handle("GET /volumes/{id}", s.e2bAuth(s.e2bGetVolume))
+	s.mux.Handle("DELETE /volumes/{id}", s.e2bAuth(s.e2bDeleteVolume))
 	s.mux.Handle("POST /sandboxes/{id}/connect", s.e2bAuth(s.e2bConnect))
 	s.mux.Handle("POST /v2/sandboxes/{id}/connect", s.e2bAuth(s.e2bConnect))
 	s.mux.Handle("GET /sandboxes/{id}/metrics", s.e2bAuth(s.e2bMetrics))
@@ -111,6 +115,14 @@ type e2bDetail struct {
 	Network *e2bNetworkOut `json:"network,omitempty"`
 	// Lifecycle says what happens at the timeout.
 	Lifecycle e2bLifecycle `json:"lifecycle"`
+	// VolumeMounts are the volumes the sandbox mounts.
+	VolumeMounts []e2bVolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// e2bVolumeMount is E2B's SandboxVolumeMount.
+type e2bVolumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 type e2bLifecycle struct {
@@ -142,6 +154,9 @@ func e2bDetailOf(sb *store.Sandbox, withToken bool) e2bDetail {
 	}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
+	}
+	for _, vm := range sb.Volumes {
+		d.VolumeMounts = append(d.VolumeMounts, e2bVolumeMount{Name: vm.Name, Path: vm.Path})
 	}
 	if withToken {
 		d.EnvdAccessToken = sb.AccessToken
@@ -191,9 +206,12 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		e2bError(w, http.StatusBadRequest, "MCP gateway sandboxes are not supported by corral")
 		return
 	}
-	if len(req.VolumeMounts) > 0 && string(req.VolumeMounts) != "null" && string(req.VolumeMounts) != "[]" {
-		e2bError(w, http.StatusBadRequest, "volume mounts are not supported by corral")
-		return
+	var mounts []e2bVolumeMount
+	if len(req.VolumeMounts) > 0 && string(req.VolumeMounts) != "null" {
+		if err := json.Unmarshal(req.VolumeMounts, &mounts); err != nil {
+			e2bError(w, http.StatusBadRequest, "volumeMounts must be a list of {name, path}")
+			return
+		}
 	}
 	ttl := int64(300)
 	if req.Timeout != nil {
@@ -208,6 +226,9 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		Network: mode, Allow: allow,
 		// lifecycle.onTimeout "pause": E2B keeps memory unless keepMemory is false.
 		AutoPause: req.AutoPause != nil && *req.AutoPause, PauseMemory: req.AutoPauseMemory == nil || *req.AutoPauseMemory}
+	for _, vm := range mounts {
+		cr.Volumes = append(cr.Volumes, sandbox.VolumeRequest{Volume: vm.Name, Path: vm.Path})
+	}
 	sb, err := s.mgr.Create(r.Context(), cr)
 	if err != nil {
 		var inv *sandbox.InvalidError
@@ -221,7 +242,7 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		case errors.Is(err, sandbox.ErrCapacity):
 			w.Header().Set("Retry-After", "5")
 			e2bError(w, http.StatusTooManyRequests, err.Error())
-		case errors.Is(err, sandbox.ErrNetworkUnavailable):
+		case errors.Is(err, sandbox.ErrNetworkUnavailable), errors.Is(err, sandbox.ErrVolumesUnavailable):
 			e2bError(w, http.StatusServiceUnavailable, err.Error())
 		default:
 			s.log.Error("e2b create", "err", err)

@@ -3,7 +3,7 @@
 // E2B_COMPAT_RUN_UNSUPPORTED=1 runs them anyway to see whether it closed.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { Sandbox, Template, Volume } from 'e2b'
+import { Sandbox, Template } from 'e2b'
 import { newSandbox, unsupported, waitUntil, unique } from './helpers.mjs'
 
 const T = { timeout: 60_000 }
@@ -18,15 +18,6 @@ test('pause and resume keep files and processes', T, async (t) => {
   const resumed = await Sandbox.connect(sbx.sandboxId)
   assert.equal((await resumed.getInfo()).state, 'running')
   assert.equal(await resumed.files.read('/home/user/keep.txt'), 'kept')
-})
-
-test('volumes: create, mount, destroy', unsupported('volumes', T), async (t) => {
-  const name = unique('vol')
-  const vol = await Volume.create(name)
-  t.after(() => Volume.destroy(vol.volumeId).catch(() => {}))
-  const sbx = await newSandbox(t, { volumeMounts: { '/mnt/vol': vol } })
-  await sbx.files.write('/mnt/vol/x.txt', 'on volume')
-  assert.equal(await sbx.files.read('/mnt/vol/x.txt'), 'on volume')
 })
 
 test('templates API: Template.exists', T, async () => {
