@@ -26,7 +26,7 @@ type clientGlobals struct {
 // addClientCommands registers the client commands (run, sandbox).
 func addClientCommands(root *cobra.Command) {
 	g := &clientGlobals{}
-	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g), newSecretCmd(g), newAuditCmd(g), newTaskCmd(g), newDrillCmd(g), newSnapshotCmd(g), newPoolCmd(g), newTemplateCmd(g)} {
+	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g), newSecretCmd(g), newAuditCmd(g), newTaskCmd(g), newDrillCmd(g), newSnapshotCmd(g), newPoolCmd(g), newTemplateCmd(g), newVolumeCmd(g)} {
 		pf := c.PersistentFlags()
 		pf.StringVar(&g.server, "server", "", "corral server URL (env CORRAL_URL, default "+corral.DefaultURL+")")
 		pf.StringVar(&g.apiKey, "api-key", "", "API key (env CORRAL_API_KEY, else DATA/admin.key for a local server)")
@@ -132,6 +132,7 @@ type sandboxFlags struct {
 	task, agent, snapshot   string
 	autoPause, pauseMemory  bool
 	env, metadata           []string
+	volumes                 []string
 }
 
 func (f *sandboxFlags) register(cmd *cobra.Command, forCreate bool) {
@@ -157,6 +158,7 @@ func (f *sandboxFlags) register(cmd *cobra.Command, forCreate bool) {
 	fl.StringArrayVar(&f.env, "env", nil, "environment variable K=V for every process (repeatable)")
 	fl.StringVar(&f.ttl, "ttl", "", "sandbox lifetime, e.g. 10m or 600 (default 300s)")
 	fl.StringArrayVar(&f.metadata, "metadata", nil, "metadata label K=V (repeatable)")
+	fl.StringArrayVar(&f.volumes, "volume", nil, "mount a volume, NAME:/path (repeatable; see corral volume create)")
 	if forCreate {
 		fl.StringVar(&f.commandTimeout, "command-timeout", "", "default per-command timeout for exec (default from the tier)")
 	}
@@ -212,6 +214,13 @@ func (f *sandboxFlags) options() (corral.CreateOptions, error) {
 	}
 	if o.Metadata, err = parseKV(f.metadata); err != nil {
 		return o, fmt.Errorf("--metadata: %w", err)
+	}
+	for _, v := range f.volumes {
+		name, path, ok := strings.Cut(v, ":")
+		if !ok || name == "" || !strings.HasPrefix(path, "/") {
+			return o, fmt.Errorf("--volume %q: want NAME:/absolute/path", v)
+		}
+		o.Volumes = append(o.Volumes, corral.VolumeMount{Volume: name, Path: path})
 	}
 	return o, nil
 }

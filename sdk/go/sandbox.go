@@ -66,8 +66,17 @@ type Sandbox struct {
 	EndReason string
 	// Task is the task the sandbox belongs to.
 	Task string
+	// Volumes are the volumes the sandbox mounts.
+	Volumes []MountedVolume
 
 	client *Client
+}
+
+// MountedVolume is a volume mounted in a sandbox.
+type MountedVolume struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 type sandboxWire struct {
@@ -88,6 +97,7 @@ type sandboxWire struct {
 	EndedAt        *time.Time        `json:"ended_at"`
 	EndReason      string            `json:"end_reason"`
 	Task           string            `json:"task"`
+	Volumes        []MountedVolume   `json:"volumes"`
 }
 
 // MarshalJSON encodes s as the REST API's Sandbox object.
@@ -101,7 +111,7 @@ func (s *Sandbox) MarshalJSON() ([]byte, error) {
 		Resources: s.Resources, CommandTimeout: s.CommandTimeout.Seconds(), Network: s.Network,
 		Allow: orEmptyList(s.Allow), Secrets: orEmptyList(s.Secrets), Warnings: s.Warnings,
 		Metadata: md, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, EndedAt: s.EndedAt,
-		EndReason: s.EndReason, Task: s.Task,
+		EndReason: s.EndReason, Task: s.Task, Volumes: orEmptyList(s.Volumes),
 	})
 }
 
@@ -118,7 +128,7 @@ func (s *Sandbox) UnmarshalJSON(b []byte) error {
 		Resources: w.Resources, CommandTimeout: secondsToDuration(w.CommandTimeout), Network: w.Network,
 		Allow: w.Allow, Secrets: w.Secrets, Warnings: w.Warnings,
 		Metadata: w.Metadata, CreatedAt: w.CreatedAt, ExpiresAt: w.ExpiresAt, EndedAt: w.EndedAt,
-		EndReason: w.EndReason, Task: w.Task, client: client,
+		EndReason: w.EndReason, Task: w.Task, Volumes: w.Volumes, client: client,
 	}
 	return nil
 }
@@ -185,6 +195,8 @@ type CreateOptions struct {
 	// killing it; with PauseMemory its processes are frozen, else its
 	// files are saved and its processes stopped.
 	AutoPause, PauseMemory bool
+	// Volumes are mounted read-write (Client.CreateVolume).
+	Volumes []VolumeMount
 }
 
 type createWire struct {
@@ -204,6 +216,7 @@ type createWire struct {
 	Snapshot       string            `json:"snapshot,omitempty"`
 	AutoPause      bool              `json:"auto_pause,omitempty"`
 	PauseMemory    bool              `json:"pause_memory,omitempty"`
+	Volumes        []volumeMountWire `json:"volumes,omitempty"`
 }
 
 // Create creates and starts a sandbox (POST /v1/sandboxes).
@@ -217,6 +230,9 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 	if !opts.Resources.isZero() {
 		r := opts.Resources
 		w.Resources = &r
+	}
+	for _, v := range opts.Volumes {
+		w.Volumes = append(w.Volumes, volumeMountWire{Volume: v.Volume, Path: v.Path})
 	}
 	sb := &Sandbox{client: c}
 	if err := c.do(ctx, "POST", "/v1/sandboxes", nil, w, sb); err != nil {
@@ -481,9 +497,9 @@ func (c *Client) Resume(ctx context.Context, id string, ttl time.Duration) (*San
 	return sb, nil
 }
 
-func orEmptyList(l []string) []string {
+func orEmptyList[T any](l []T) []T {
 	if l == nil {
-		return []string{}
+		return []T{}
 	}
 	return l
 }

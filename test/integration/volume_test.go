@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -116,5 +117,50 @@ func TestVolumes(t *testing.T) {
 	}
 	if code := call(t, "GET", "/v1/volumes/"+name, nil, &e); code != http.StatusNotFound {
 		t.Fatalf("get after delete: %d", code)
+	}
+}
+
+// TestCLIVolume: `corral volume create` prints the id, `corral run
+// --volume NAME:/path` mounts it (files survive the run), `volume ls
+// --json` lists it, `volume rm` deletes it; a bad --volume is a usage
+// error that creates nothing.
+func TestCLIVolume(t *testing.T) {
+	need(t)
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skip("volumes need loop devices: " + err.Error())
+	}
+	name := "clivol-" + randHex(3)
+	out, stderr, code := corralCLI(t, "", "volume", "create", name, "--size", "16m")
+	id := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(id, "vol") {
+		t.Fatalf("volume create: exit %d %q %q", code, out, stderr)
+	}
+	t.Cleanup(func() { corralCLI(t, "", "volume", "rm", id) })
+	if out, stderr, code := corralCLI(t, "", "run", "--volume", name+":/data", "--", "sh", "-c", "echo first > /data/f"); code != 0 {
+		t.Fatalf("run with a volume: exit %d %q %q", code, out, stderr)
+	}
+	if out, _, code := corralCLI(t, "", "run", "--volume", id+":/srv/v", "--", "cat", "/srv/v/f"); code != 0 || out != "first\n" {
+		t.Fatalf("second run reads %q (exit %d)", out, code)
+	}
+	if _, stderr, code := corralCLI(t, "", "run", "--volume", name, "--", "true"); code == 0 || !strings.Contains(stderr, "NAME:/absolute/path") {
+		t.Fatalf("bad --volume: exit %d %q", code, stderr)
+	}
+	out, _, code = corralCLI(t, "", "volume", "ls", "--json")
+	var list []volumeJSON
+	if code != 0 || json.Unmarshal([]byte(out), &list) != nil {
+		t.Fatalf("volume ls --json: exit %d %q", code, out)
+	}
+	found := false
+	for _, v := range list {
+		found = found || v.ID == id && v.Name == name && v.SizeMB == 16
+	}
+	if !found {
+		t.Fatalf("volume ls does not list %s: %s", id, out)
+	}
+	if _, stderr, code := corralCLI(t, "", "volume", "rm", name); code != 0 {
+		t.Fatalf("volume rm: exit %d %q", code, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(env.dataDir, "volumes", id)); !os.IsNotExist(err) {
+		t.Fatalf("volume rm left %v", err)
 	}
 }
