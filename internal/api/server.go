@@ -74,6 +74,7 @@ func (s *Server) routes() {
 	if s.cfg.Metrics != nil {
 		s.mux.Handle("GET /metrics", s.auth(s.cfg.Metrics.ServeHTTP))
 	}
+	s.mux.Handle("/volumecontent/", s.volumeContent())
 	s.mux.Handle("POST /v1/volumes", s.auth(s.createVolume))
 	s.mux.Handle("GET /v1/volumes", s.auth(s.listVolumes))
 	s.mux.Handle("GET /v1/volumes/{ref}", s.auth(s.getVolume))

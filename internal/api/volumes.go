@@ -1,10 +1,16 @@
 package api
 
 import (
+	"context"
+	"crypto/subtle"
+	"errors"
 	"net/http"
 	"time"
 
+	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template"
+	"github.com/corralhq/corral/internal/volumecontent"
 )
 
 // volumeView is a volume in the native API.
@@ -70,4 +76,34 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// volumeContent serves E2B's volume content API (/volumecontent/{id}/...)
+// with each volume's bearer token; file writes and deletions are audited.
+func (s *Server) volumeContent() http.Handler {
+	return volumecontent.New(func(ctx context.Context, id, token string) (string, error) {
+		v, err := s.mgr.Volume(ctx, id)
+		if errors.Is(err, sandbox.ErrVolumeNotFound) || err == nil && v.ID != id {
+			return "", volumecontent.ErrNotFound
+		}
+		if err != nil {
+			return "", err
+		}
+		if subtle.ConstantTimeCompare([]byte(token), []byte(v.Token)) != 1 {
+			return "", volumecontent.ErrUnauthorized
+		}
+		return s.mgr.VolumePath(ctx, v)
+	}, volumecontent.Options{
+		HostBase: template.ContainerIDOffset,
+		OnWrite: func(id, path string, size int64) {
+			if s.cfg.Audit != nil {
+				s.cfg.Audit.Record("", "volume.file_write", map[string]any{"volume": id, "path": path, "bytes": size})
+			}
+		},
+		OnDelete: func(id, path string) {
+			if s.cfg.Audit != nil {
+				s.cfg.Audit.Record("", "volume.file_delete", map[string]any{"volume": id, "path": path})
+			}
+		},
+	})
 }

@@ -68,6 +68,36 @@ func lastEvent(t *testing.T, evs *proxyEvents, n int) Event {
 	return got[n-1]
 }
 
+// refusedEvent waits for n events and returns the one refused with
+// reason. Events are recorded when a request or connection ends, so an
+// allowed request's event may come after the next request's refusal; the
+// order is not asserted.
+func refusedEvent(t *testing.T, evs *proxyEvents, n int, reason string) Event {
+	t.Helper()
+	got := waitEvents(t, evs.all, n)
+	var found []Event
+	for _, ev := range got {
+		if ev.Reason == reason && ev.Verdict == VerdictRefused {
+			found = append(found, ev)
+		}
+	}
+	if len(got) < n || len(found) == 0 {
+		t.Fatalf("got %d events (want %d), none refused with %q: %+v", len(got), n, reason, got)
+	}
+	return found[len(found)-1]
+}
+
+// countRefused counts the events refused with reason.
+func countRefused(evs []Event, reason string) int {
+	n := 0
+	for _, ev := range evs {
+		if ev.Reason == reason && ev.Verdict == VerdictRefused {
+			n++
+		}
+	}
+	return n
+}
+
 // TestCapConnections checks the per-sandbox connection cap (ATTACKS.md
 // #21) in both modes: with MaxConns 1, a second connection while the first
 // is open is refused with reason "cap: connections" (403 in explicit mode,
@@ -93,7 +123,7 @@ func TestCapConnections(t *testing.T) {
 		if st != 403 || why != ReasonCapConns {
 			t.Fatalf("second connection: %d %q, want 403 %q", st, why, ReasonCapConns)
 		}
-		if ev := lastEvent(t, evs, 2); ev.Verdict != VerdictRefused || ev.Reason != ReasonCapConns || ev.Sandbox != "sb-c1" {
+		if ev := refusedEvent(t, evs, 2, ReasonCapConns); ev.Sandbox != "sb-c1" {
 			t.Fatalf("event %+v", ev)
 		}
 		c1.Close()
@@ -164,14 +194,12 @@ func TestCapRequestsPerMinute(t *testing.T) {
 	if st, why, _ := explicitGet(t, c, br, target); st != 403 || why != ReasonCapRate {
 		t.Fatalf("third request: %d %q, want 403 %q", st, why, ReasonCapRate)
 	}
-	if ev := lastEvent(t, evs, 3); ev.Reason != ReasonCapRate || ev.Verdict != VerdictRefused {
-		t.Fatalf("event %+v", ev)
-	}
+	refusedEvent(t, evs, 3, ReasonCapRate)
 	// A redirected connection is a request too.
 	tc, _ := transparentConn(t, p, e.rawUpstream)
 	expectReset(t, tc)
-	if ev := lastEvent(t, evs, 4); ev.Reason != ReasonCapRate {
-		t.Fatalf("event %+v", ev)
+	if got := waitEvents(t, evs.all, 4); len(got) < 4 || countRefused(got, ReasonCapRate) != 2 {
+		t.Fatalf("want 2 events refused with %q after the redirected connection: %+v", ReasonCapRate, got)
 	}
 	if u := p.Usage("sb-r"); u.Requests != 2 {
 		t.Errorf("usage %+v, want 2 requests in the last minute", u)

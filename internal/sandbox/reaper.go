@@ -19,7 +19,7 @@ const ReapInterval = 30 * time.Second
 //   - live sandboxes whose task has ended ("task_ended");
 //   - live sandboxes idle past Config.IdleTimeout ("idle");
 //   - deleted snapshots nothing uses any more, imported images no template
-//     version names and partial imports.
+//     version names, partial imports and volumes without a record.
 //
 // Reconcile does the same at start-up, after a crash.
 func (m *Manager) Reap(ctx context.Context) {
@@ -64,6 +64,7 @@ func (m *Manager) Reap(ctx context.Context) {
 	}
 	m.purgeDeletedSnapshots(ctx)
 	m.purgeUnusedImports(ctx)
+	m.purgeOrphanVolumes(ctx)
 	now := time.Now()
 	for id, ls := range live {
 		m.mu.Lock()

@@ -144,6 +144,32 @@ func (m *Manager) DeleteVolume(ctx context.Context, ref string) error {
 	return nil
 }
 
+// purgeOrphanVolumes removes volumes on disk that have no record (a
+// create that crashed between making the file system and recording it).
+// It skips the round while a volume is being created or deleted.
+func (m *Manager) purgeOrphanVolumes(ctx context.Context) {
+	vs := m.cfg.Volumes
+	if vs == nil || !m.volMu.TryLock() {
+		return
+	}
+	defer m.volMu.Unlock()
+	ids, err := vs.List()
+	if err != nil {
+		m.log.Error("reaper: list volumes", "err", err)
+		return
+	}
+	for _, id := range ids {
+		if _, err := m.store.GetVolume(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err := vs.Remove(id); err != nil {
+			m.log.Error("reaper: remove volume", "volume", id, "err", err)
+			continue
+		}
+		m.audit("", "reaper.reclaimed", map[string]any{"what": "volume " + id, "reason": "no_record"})
+	}
+}
+
 // resolveVolumes checks a create's volume requests and returns what the
 // record and the runtime get. It mounts the volumes if the host lost
 // their mounts (after a reboot). The caller holds m.volMu for reading.

@@ -49,3 +49,38 @@ test('volumes: a mount of an unknown volume or at a reserved path is refused', T
   const err2 = await rejection(newSandbox(t, { volumeMounts: { '/etc': vol } }), 'create with a volume on /etc')
   assert.match(String(err2.message), /reserved/)
 })
+
+test('volume content API: files written from outside and from a sandbox meet; links out of the volume are refused', T, async (t) => {
+  const vol = await Volume.create(unique('vol'))
+  t.after(() => Volume.destroy(vol.volumeId).catch(() => {}))
+
+  const dir = await vol.makeDir('/notes')
+  assert.equal(dir.type, 'directory')
+  const f = await vol.writeFile('/notes/a.txt', 'hello')
+  assert.equal(f.type, 'file')
+  assert.equal(f.size, 5)
+  assert.equal(f.uid, 1000)
+  assert.equal(await vol.readFile('/notes/a.txt'), 'hello')
+  assert.deepEqual((await vol.list('/notes')).map((e) => e.name), ['a.txt'])
+  assert.equal(await vol.exists('/notes/a.txt'), true)
+  assert.equal(await vol.exists('/notes/none.txt'), false)
+  const chmoded = await vol.updateMetadata('/notes/a.txt', { mode: 0o600 })
+  assert.equal(chmoded.mode & 0o777, 0o600)
+
+  const sbx = await newSandbox(t, { volumeMounts: { '/data': vol } })
+  const r = await sbx.commands.run("cat /data/notes/a.txt; echo; stat -c '%U %a' /data/notes/a.txt; echo from-sandbox > /data/s.txt; ln -s /etc/hostname /data/escape; ln -s ../../../../etc /data/up")
+  assert.equal(r.stdout, 'hello\nuser 600\n')
+  assert.equal(await vol.readFile('/s.txt'), 'from-sandbox\n')
+
+  // A link the sandbox planted never leads the content API out of the volume.
+  await rejection(vol.readFile('/escape'), 'read through an absolute link')
+  await rejection(vol.readFile('/up/passwd'), 'read through a relative link out')
+  await rejection(vol.writeFile('/up/evil', 'x'), 'write through a link out')
+
+  // A wrong token is refused.
+  const forged = new Volume(vol.volumeId, vol.name, 'not-the-token')
+  await rejection(forged.readFile('/notes/a.txt'), 'read with a wrong token')
+
+  await vol.remove('/notes')
+  assert.equal(await vol.exists('/notes'), false)
+})

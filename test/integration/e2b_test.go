@@ -88,7 +88,7 @@ func e2bEnv() []string {
 		}
 		envv = append(envv, kv)
 	}
-	return append(envv, "E2B_API_URL="+env.url, "E2B_SANDBOX_URL="+env.url, "E2B_API_KEY="+env.key)
+	return append(envv, "E2B_API_URL="+env.url, "E2B_SANDBOX_URL="+env.url, "E2B_VOLUME_API_URL="+env.url, "E2B_API_KEY="+env.key)
 }
 
 // logLines logs out in pieces small enough for t.Log to stay readable.

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -117,6 +118,20 @@ func TestVolumes(t *testing.T) {
 	}
 	if code := call(t, "GET", "/v1/volumes/"+name, nil, &e); code != http.StatusNotFound {
 		t.Fatalf("get after delete: %d", code)
+	}
+
+	// What a create that crashed before recording its volume leaves, the
+	// reaper removes.
+	orphan := filepath.Join(env.dataDir, "volumes", "volorphan"+randHex(4))
+	if err := os.MkdirAll(filepath.Join(orphan, "mnt"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(orphan, "image.ext4"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env.srv.Manager.Reap(context.Background())
+	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
+		t.Fatalf("the reaper left an orphan volume: %v", err)
 	}
 }
 
