@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"path"
 	"sort"
@@ -326,16 +327,21 @@ func (h *handler) walk(ctx context.Context, root *os.Root, rel, apiDir string, n
 	return nil
 }
 
+// createParams reads the uid, gid, mode (defaultMode when absent) and
+// force parameters of a create.
+func createParams(q url.Values, defaultMode uint32) (uid, gid int, mode uint32, force bool, err error) {
+	if uid, gid, mode, err = ids(q, defaultMode); err != nil {
+		return 0, 0, 0, false, err
+	}
+	force, err = queryBool(q, "force")
+	return uid, gid, mode, force, err
+}
+
 // makeDir answers POST dir. Without force the parent must exist and the
 // directory must not; with force missing parents are created (owned like
 // the directory, mode 0755) and an existing directory is not an error.
 func (h *handler) makeDir(w http.ResponseWriter, req *request) {
-	uid, gid, mode, err := ids(req.query, DefaultDirMode)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	force, err := queryBool(req.query, "force")
+	uid, gid, mode, force, err := createParams(req.query, DefaultDirMode)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -549,12 +555,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 // force and only when it leads to a regular file inside the volume; the
 // target is then overwritten in place from the staged copy.
 func (h *handler) writeFile(w http.ResponseWriter, r *http.Request, req *request) {
-	uid, gid, mode, err := ids(req.query, DefaultFileMode)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	force, err := queryBool(req.query, "force")
+	uid, gid, mode, force, err := createParams(req.query, DefaultFileMode)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
