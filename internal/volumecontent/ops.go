@@ -179,6 +179,9 @@ func classify(err error, apiPath string) (int, string) {
 		return http.StatusInternalServerError, fmt.Sprintf("file system error on path %s", apiPath)
 	}
 	switch errno {
+	case syscall.EOPNOTSUPP:
+		// chmod of a symbolic link (links are never followed for it).
+		return http.StatusConflict, fmt.Sprintf("path %s is a symbolic link; its mode cannot be changed", apiPath)
 	case syscall.ENOTDIR:
 		return http.StatusNotFound, fmt.Sprintf("path %s not found: a parent is not a directory", apiPath)
 	case syscall.EEXIST:
