@@ -292,7 +292,7 @@ func (m *Manager) validate(ctx context.Context, req *CreateRequest) (*store.Sand
 		rec.Egress.Allow = slices.Clone(req.Allow)
 	}
 	rec.Egress.Secrets = slices.Clone(req.Secrets)
-	if rec.Volumes, rc.Volumes, err = m.resolveVolumes(ctx, req.Volumes); err != nil {
+	if rec.Volumes, rc.Volumes, err = m.resolveVolumes(ctx, rc.Runtime, req.Volumes); err != nil {
 		return nil, rc, nil, err
 	}
 	return rec, rc, &netPlan{policy: pol, secrets: secrets}, nil

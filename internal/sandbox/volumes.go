@@ -170,15 +170,21 @@ func (m *Manager) purgeOrphanVolumes(ctx context.Context) {
 	}
 }
 
+// gvisorNoVolumes explains why gVisor sandboxes cannot mount volumes here.
+const gvisorNoVolumes = "gVisor sandboxes cannot mount volumes on this host: Debian's runsc (2022) answers stat on a bind-mounted volume with EINVAL; use runtime runc for volumes"
+
 // resolveVolumes checks a create's volume requests and returns what the
 // record and the runtime get. It mounts the volumes if the host lost
 // their mounts (after a reboot). The caller holds m.volMu for reading.
-func (m *Manager) resolveVolumes(ctx context.Context, reqs []VolumeRequest) ([]store.VolumeMount, []runtime.FileBind, error) {
+func (m *Manager) resolveVolumes(ctx context.Context, rt runtime.Runtime, reqs []VolumeRequest) ([]store.VolumeMount, []runtime.FileBind, error) {
 	if len(reqs) == 0 {
 		return nil, nil, nil
 	}
 	if m.cfg.Volumes == nil {
 		return nil, nil, ErrVolumesUnavailable
+	}
+	if rt == runtime.GVisor {
+		return nil, nil, invalid(gvisorNoVolumes)
 	}
 	if len(reqs) > MaxVolumesPerSandbox {
 		return nil, nil, invalid("a sandbox mounts at most %d volumes", MaxVolumesPerSandbox)

@@ -179,3 +179,44 @@ func TestCLIVolume(t *testing.T) {
 		t.Fatalf("volume rm left %v", err)
 	}
 }
+
+// TestVolumePersistAndGVisor: a sandbox paused with persist (processes
+// stopped, files saved) mounts its volume again when it resumes, and keeps
+// the volume from being deleted meanwhile; a gVisor sandbox asking for a
+// volume is refused with the reason (this host's runsc cannot stat files
+// on a bind-mounted volume).
+func TestVolumePersistAndGVisor(t *testing.T) {
+	need(t)
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skip("volumes need loop devices: " + err.Error())
+	}
+	name := "pvol-" + randHex(3)
+	var v volumeJSON
+	if code := call(t, "POST", "/v1/volumes", map[string]any{"name": name, "size_mb": 16}, &v); code != http.StatusCreated {
+		t.Fatalf("create volume: %d", code)
+	}
+	t.Cleanup(func() { call(t, "DELETE", "/v1/volumes/"+v.ID, nil, nil) })
+
+	id := create(t, map[string]any{"volumes": []map[string]any{{"volume": name, "path": "/data"}}})
+	mustSh(t, id, "echo before > /data/p.txt")
+	var sb sandboxJSON
+	if code := call(t, "POST", "/v1/sandboxes/"+id+"/pause", map[string]any{"persist": true}, &sb); code != http.StatusOK {
+		t.Fatalf("persist: %d", code)
+	}
+	var e apiErr
+	if code := call(t, "DELETE", "/v1/volumes/"+name, nil, &e); code != http.StatusConflict {
+		t.Fatalf("delete while a persisted sandbox mounts it: %d", code)
+	}
+	if code := call(t, "POST", "/v1/sandboxes/"+id+"/resume", nil, &sb); code != http.StatusOK {
+		t.Fatalf("resume: %d", code)
+	}
+	if out := mustSh(t, id, "cat /data/p.txt && echo after >> /data/p.txt"); out != "before\n" {
+		t.Fatalf("after resume the volume holds %q", out)
+	}
+	call(t, "DELETE", "/v1/sandboxes/"+id, nil, nil)
+
+	// gVisor: refused with the reason (docs/environments.md#volumes).
+	if code := call(t, "POST", "/v1/sandboxes", map[string]any{"runtime": "gvisor", "volumes": []map[string]any{{"volume": name, "path": "/data"}}}, &e); code != http.StatusBadRequest || !strings.Contains(e.Message, "gVisor") {
+		t.Fatalf("gVisor with a volume: %d %+v, want 400 naming gVisor", code, e)
+	}
+}
