@@ -252,7 +252,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		OnTrip: func(t *store.Task) { mgr.OnTrip(t) }}, st)
 	// Volumes need loop devices and mkfs.ext4; without them the server
 	// runs and volume calls fail with a clear error.
-	vols, err := volume.New(filepath.Join(cfg.DataDir, "volumes"), template.ContainerIDOffset+1000)
+	vols, err := volume.New(filepath.Join(cfg.DataDir, "volumes"), template.ContainerIDOffset+1000, template.ContainerIDOffset)
 	if err != nil {
 		cfg.Log.Warn("volumes unavailable", "err", err)
 		vols = nil

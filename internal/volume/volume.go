@@ -42,20 +42,23 @@ var idRe = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 type Store struct {
 	dir       string
 	ownerUID  int // host uid (and gid) of the volume root: the shifted sandbox user
+	accessGID int // the only host group that may traverse to a volume: the shifted sandbox root's
 	mu        sync.Mutex
 	mkfs, mnt string
 }
 
-// New returns a store under dir (created 0700) whose volume roots belong
-// to host uid and gid owner.
-func New(dir string, owner int) (*Store, error) {
+// New returns a store under dir whose volume roots belong to host uid and
+// gid owner. dir and each volume's directory are root:accessGID 0710:
+// the runtime (as the shifted sandbox root, group accessGID) reaches the
+// mounts, unprivileged host users do not.
+func New(dir string, owner, accessGID int) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("volumes: %w", err)
 	}
-	if err := os.Chmod(dir, 0o711); err != nil { // sandbox root must traverse to mnt
-		return nil, fmt.Errorf("volumes: %w", err)
+	if err := privateDir(dir, accessGID); err != nil {
+		return nil, err
 	}
-	s := &Store{dir: dir, ownerUID: owner}
+	s := &Store{dir: dir, ownerUID: owner, accessGID: accessGID}
 	var err error
 	if s.mkfs, err = exec.LookPath("mkfs.ext4"); err != nil {
 		return nil, fmt.Errorf("volumes need mkfs.ext4 (e2fsprogs): %w", err)
@@ -83,7 +86,7 @@ func (s *Store) Create(ctx context.Context, id string, sizeMB int64) (err error)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	dir := filepath.Join(s.dir, id)
-	if err := os.Mkdir(dir, 0o711); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("volume %s: %w", id, err)
 	}
 	defer func() {
@@ -91,6 +94,9 @@ func (s *Store) Create(ctx context.Context, id string, sizeMB int64) (err error)
 			_ = s.removeLocked(id)
 		}
 	}()
+	if err := privateDir(dir, s.accessGID); err != nil {
+		return err
+	}
 	f, err := os.OpenFile(s.image(id), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", id, err)
@@ -182,6 +188,17 @@ func (s *Store) Usage(id string) (used, size int64, err error) {
 	}
 	bs := int64(st.Bsize)
 	return (int64(st.Blocks) - int64(st.Bfree)) * bs, int64(st.Blocks) * bs, nil
+}
+
+// privateDir makes dir root:gid 0710.
+func privateDir(dir string, gid int) error {
+	if err := os.Chown(dir, 0, gid); err != nil {
+		return fmt.Errorf("volumes: %w", err)
+	}
+	if err := os.Chmod(dir, 0o710); err != nil {
+		return fmt.Errorf("volumes: %w", err)
+	}
+	return nil
 }
 
 // ErrNotMounted: the volume's file system is not mounted.

@@ -20,7 +20,7 @@ func newStore(t *testing.T) *Store {
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
 		t.Skip("volumes need loop devices: " + err.Error())
 	}
-	s, err := New(t.TempDir(), 101000)
+	s, err := New(t.TempDir(), 101000, 100000)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -342,18 +343,26 @@ func testOutputBounded(t *testing.T, rt string) {
 // files hold setuid binaries owned by the shifted sandbox root (sudo is
 // setuid 100000); an unprivileged host user must not reach them, or they
 // could become that uid and change the templates every sandbox mounts.
+// Volumes hold the agents' data: host users cannot read them either.
 func TestHostUsersCannotReachSandboxFiles(t *testing.T) {
 	need(t)
 	if _, err := exec.LookPath("setpriv"); err != nil {
 		t.Skip("needs setpriv (util-linux)")
 	}
-	id := create(t, nil)
-	mustSh(t, id, "echo inside > /tmp/x")
+	var vol struct{ ID string }
+	if code := call(t, "POST", "/v1/volumes", map[string]any{"name": "hostusers-" + randHex(3), "size_mb": 16}, &vol); code != http.StatusCreated {
+		t.Fatalf("create volume: %d", code)
+	}
+	t.Cleanup(func() { call(t, "DELETE", "/v1/volumes/"+vol.ID, nil, nil) })
+	id := create(t, map[string]any{"volumes": []map[string]any{{"volume": vol.ID, "path": "/data"}}})
+	mustSh(t, id, "echo inside > /tmp/x; echo secret > /data/v")
 	cache := template.DefaultCacheDir()
 	builds, _ := filepath.Glob(filepath.Join(cache, "base-*", "rootfs", "usr", "bin", "sudo"))
 	paths := append([]string{
 		filepath.Join(env.dataDir, "sandboxes", id, "rootfs", "usr", "bin", "sudo"),
 		filepath.Join(env.dataDir, "sandboxes", id, "disk", "upper", "tmp", "x"),
+		filepath.Join(env.dataDir, "volumes", vol.ID, "mnt", "v"),
+		filepath.Join(env.dataDir, "volumes", vol.ID, "image.ext4"),
 	}, builds...)
 	if len(builds) == 0 {
 		t.Fatalf("no base template build under %s", cache)
