@@ -60,6 +60,9 @@ type Config struct {
 	Pools func() []Pool
 	// Admission returns the sandboxes admitted and the creates waiting.
 	Admission func() (running, waiting int)
+	// Volumes returns the number of volumes, the bytes they use and
+	// their total size.
+	Volumes func(ctx context.Context) (count int, usedBytes, sizeBytes int64, err error)
 }
 
 // Metrics is corral's metric registry. It is safe for concurrent use.
@@ -149,11 +152,14 @@ var (
 	poolRefAvg    = prometheus.NewDesc("corral_pool_refill_seconds_avg", "Average time to start one pooled sandbox.", []string{"template"}, nil)
 	admRunDesc    = prometheus.NewDesc("corral_admission_running", "Sandboxes admitted (running, paused or starting).", nil, nil)
 	admWaitDesc   = prometheus.NewDesc("corral_admission_waiting", "Creates waiting in the admission queue.", nil, nil)
+	volCountDesc  = prometheus.NewDesc("corral_volumes", "Volumes on this server.", nil, nil)
+	volUsedDesc   = prometheus.NewDesc("corral_volume_used_bytes", "Bytes used on all volumes together.", nil, nil)
+	volSizeDesc   = prometheus.NewDesc("corral_volume_size_bytes", "Size of all volumes together (their caps).", nil, nil)
 	scrapeErrDesc = prometheus.NewDesc("corral_scrape_error", "1 when a gauge could not be read in this scrape.", []string{"gauge"}, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{sandboxesDesc, poolIdleDesc, poolTgtDesc, poolHitsDesc, poolMissDesc, poolRefDesc, poolRefAvg, admRunDesc, admWaitDesc, scrapeErrDesc} {
+	for _, d := range []*prometheus.Desc{sandboxesDesc, poolIdleDesc, poolTgtDesc, poolHitsDesc, poolMissDesc, poolRefDesc, poolRefAvg, admRunDesc, admWaitDesc, volCountDesc, volUsedDesc, volSizeDesc, scrapeErrDesc} {
 		ch <- d
 	}
 }
@@ -178,6 +184,18 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(poolMissDesc, prometheus.CounterValue, float64(p.Misses), p.Template)
 			ch <- prometheus.MustNewConstMetric(poolRefDesc, prometheus.CounterValue, float64(p.Refills), p.Template)
 			ch <- prometheus.MustNewConstMetric(poolRefAvg, prometheus.GaugeValue, p.RefillSecondsAvg, p.Template)
+		}
+	}
+	if f := g.cfg.Volumes; f != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n, used, size, err := f(ctx)
+		cancel()
+		if err != nil {
+			ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1, "volumes")
+		} else {
+			ch <- prometheus.MustNewConstMetric(volCountDesc, prometheus.GaugeValue, float64(n))
+			ch <- prometheus.MustNewConstMetric(volUsedDesc, prometheus.GaugeValue, float64(used))
+			ch <- prometheus.MustNewConstMetric(volSizeDesc, prometheus.GaugeValue, float64(size))
 		}
 	}
 	if f := g.cfg.Admission; f != nil {

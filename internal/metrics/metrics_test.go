@@ -132,7 +132,9 @@ func TestGaugesAndHandler(t *testing.T) {
 				return []Pool{{Template: "base", Idle: 2, Target: 3, Hits: 7, Misses: 1, Refills: 9, RefillSecondsAvg: 0.115}}
 			},
 			Admission: func() (int, int) { return 4, 2 },
+			Volumes:   func(context.Context) (int, int64, int64, error) { return 2, 1 << 20, 32 << 20, nil },
 		}, []string{
+			`corral_volumes 2`, `corral_volume_used_bytes 1.048576e+06`, `corral_volume_size_bytes 3.3554432e+07`,
 			`corral_sandboxes{state="running"} 3`, `corral_sandboxes{state="paused"} 1`,
 			`corral_pool_idle{template="base"} 2`, `corral_pool_target{template="base"} 3`,
 			`corral_pool_hits_total{template="base"} 7`, `corral_pool_misses_total{template="base"} 1`,
@@ -141,7 +143,8 @@ func TestGaugesAndHandler(t *testing.T) {
 		}, []string{"corral_scrape_error"}},
 		{"store error", Config{
 			Sandboxes: func(context.Context) (map[string]int, error) { return nil, errors.New("disk on fire") },
-		}, []string{`corral_scrape_error{gauge="sandboxes"} 1`, `corral_sandboxes{state="running"} 0`}, []string{"corral_pool_idle", "corral_admission_running"}},
+			Volumes:   func(context.Context) (int, int64, int64, error) { return 0, 0, 0, errors.New("no store") },
+		}, []string{`corral_scrape_error{gauge="sandboxes"} 1`, `corral_scrape_error{gauge="volumes"} 1`, `corral_sandboxes{state="running"} 0`}, []string{"corral_pool_idle", "corral_admission_running", "corral_volumes "}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -236,6 +236,18 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			return out
 		},
 		Admission: func() (int, int) { s := adm.Stats(); return s.Running, s.Waiting },
+		Volumes: func(ctx context.Context) (n int, used, size int64, err error) {
+			vs, err := mgr.Volumes(ctx)
+			if err != nil {
+				return 0, 0, 0, err
+			}
+			for _, v := range vs {
+				if u, sz, err := mgr.VolumeUsage(v); err == nil {
+					used, size = used+u, size+sz
+				}
+			}
+			return len(vs), used, size, nil
+		},
 	})
 	al.Observe(met.Event)
 	var gw *gateway.Gateway

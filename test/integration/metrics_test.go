@@ -106,7 +106,7 @@ func TestMetrics(t *testing.T) {
 	if v := value(during, "corral_admission_running"); v < 1 {
 		t.Errorf("corral_admission_running = %v while a sandbox runs", v)
 	}
-	for _, name := range []string{"go_goroutines", "process_resident_memory_bytes"} {
+	for _, name := range []string{"go_goroutines", "process_resident_memory_bytes", "corral_volumes", "corral_volume_used_bytes"} {
 		if after[name] == nil {
 			t.Errorf("%s missing", name)
 		}
