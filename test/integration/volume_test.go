@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,6 +11,10 @@ import (
 	"testing"
 
 	"github.com/moby/sys/mountinfo"
+
+	"github.com/corralhq/corral/internal/server"
+	corral "github.com/corralhq/corral/sdk/go"
+	"github.com/corralhq/corral/test/testserver"
 )
 
 type volumeJSON struct {
@@ -218,5 +223,35 @@ func TestVolumePersistAndGVisor(t *testing.T) {
 	// gVisor: refused with the reason (docs/environments.md#volumes).
 	if code := call(t, "POST", "/v1/sandboxes", map[string]any{"runtime": "gvisor", "volumes": []map[string]any{{"volume": name, "path": "/data"}}}, &e); code != http.StatusBadRequest || !strings.Contains(e.Message, "gVisor") {
 		t.Fatalf("gVisor with a volume: %d %+v, want 400 naming gVisor", code, e)
+	}
+}
+
+// TestVolumesLeftByATestAreUnmounted: a test server's Close unmounts the
+// volumes a failing test did not delete, so no loop mount outlives it.
+func TestVolumesLeftByATestAreUnmounted(t *testing.T) {
+	need(t)
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skip("volumes need loop devices: " + err.Error())
+	}
+	ts, err := testserver.StartWith("../../cmd/corral", slog.LevelWarn, func(c *server.Config) { c.NoNetwork = true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := corral.New(ts.URL, ts.Key)
+	v, err := c.CreateVolume(context.Background(), "left-behind", 16)
+	if err != nil {
+		ts.Close()
+		t.Fatal(err)
+	}
+	mp := filepath.Join(ts.DataDir, "volumes", v.ID, "mnt")
+	if mounted, _ := mountinfo.Mounted(mp); !mounted {
+		ts.Close()
+		t.Fatalf("%s is not mounted", mp)
+	}
+	if err := ts.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if mounted, _ := mountinfo.Mounted(mp); mounted {
+		t.Fatalf("%s is still mounted after Close", mp)
 	}
 }

@@ -6,6 +6,7 @@ package testserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
@@ -13,6 +14,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corralhq/corral/internal/server"
 	"github.com/corralhq/corral/internal/watchdog"
@@ -90,10 +93,18 @@ func StartWith(cmdDir string, level slog.Level, configure func(*server.Config)) 
 	return s, nil
 }
 
-// Close kills every sandbox, stops the server and removes the scratch dir.
+// Close kills every sandbox, stops the server, unmounts the volumes a
+// test left behind (a server keeps volumes mounted across restarts; a
+// test server does not come back) and removes the scratch dir.
 func (s *Server) Close() error {
 	s.http.Close()
 	err := s.Srv.Close(context.Background())
+	mnts, _ := filepath.Glob(filepath.Join(s.DataDir, "volumes", "*", "mnt"))
+	for _, mp := range mnts {
+		if uerr := unix.Unmount(mp, unix.MNT_DETACH); uerr != nil && !errors.Is(uerr, unix.EINVAL) && err == nil {
+			err = fmt.Errorf("unmount test volume %s: %w", mp, uerr)
+		}
+	}
 	os.RemoveAll(s.Tmp)
 	return err
 }
