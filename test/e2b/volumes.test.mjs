@@ -83,4 +83,7 @@ test('volume content API: files written from outside and from a sandbox meet; li
 
   await vol.remove('/notes')
   assert.equal(await vol.exists('/notes'), false)
+  // Hooks run in the order they were added: the volume's destroy would
+  // come before the sandbox's kill and be refused, so end the sandbox now.
+  await sbx.kill()
 })

@@ -6,6 +6,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -53,6 +54,16 @@ func run(m *testing.M) int {
 	}
 	env.bin, env.dataDir, env.srv, env.url, env.key = ts.Bin, ts.DataDir, ts.Srv, ts.URL, ts.Key
 	code := m.Run()
+	// Every test deletes the volumes it made; one left means a test leaks
+	// (the server keeps volumes mounted, by design).
+	if vs, err := ts.Srv.Manager.Volumes(context.Background()); err != nil || len(vs) > 0 {
+		for _, v := range vs {
+			fmt.Fprintf(os.Stderr, "volume %s (%s) left behind by a test\n", v.Name, v.ID)
+		}
+		if code == 0 {
+			code = 1
+		}
+	}
 	if err := ts.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, "close server:", err)
 		code = 1
