@@ -109,6 +109,16 @@ func apiFailure(cmd *cobra.Command, err error) error {
 	return err
 }
 
+// printCreated prints what a create made: v as JSON under --json, else
+// its id alone (for scripts: id=$(corral ... create)).
+func printCreated(asJSON bool, v any, id string) error {
+	if asJSON {
+		return printJSON(v)
+	}
+	_, err := fmt.Println(id)
+	return err
+}
+
 func printJSON(v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {

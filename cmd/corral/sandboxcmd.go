@@ -67,11 +67,7 @@ func newSandboxCreateCmd(g *clientGlobals) *cobra.Command {
 				return apiFailure(cmd, err)
 			}
 			printWarnings(sb)
-			if asJSON {
-				return printJSON(sb)
-			}
-			fmt.Println(sb.ID)
-			return nil
+			return printCreated(asJSON, sb, sb.ID)
 		},
 	}
 	sf.register(cmd, true)

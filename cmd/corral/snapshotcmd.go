@@ -28,11 +28,7 @@ Processes and memory are not saved.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(sn)
-			}
-			fmt.Println(sn.ID)
-			return nil
+			return printCreated(asJSON, sn, sn.ID)
 		}),
 	}
 	cmd.Flags().StringVar(&name, "name", "", "a name for the snapshot")

@@ -55,11 +55,7 @@ func newTaskCreateCmd(g *clientGlobals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(t)
-			}
-			fmt.Println(t.ID)
-			return nil
+			return printCreated(asJSON, t, t.ID)
 		}),
 	}
 	f := cmd.Flags()

@@ -40,11 +40,7 @@ be deleted.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(v)
-			}
-			fmt.Println(v.ID)
-			return nil
+			return printCreated(asJSON, v, v.ID)
 		}),
 	}
 	create.Flags().StringVar(&size, "size", "", "size, e.g. 512m, 5g; a plain number is MiB (default 1g)")
