@@ -113,7 +113,16 @@ func (m *Metrics) Event(ev *store.Event) {
 		CreateMS *float64 `json:"create_ms"`
 	}
 	if field, ok := outcomeField[ev.Kind]; ok && json.Unmarshal(ev.Data, &data) == nil {
-		outcome = map[string]string{"verdict": data.Verdict, "source": data.Source, "reason": data.Reason, "code": data.Code}[field]
+		switch field {
+		case "verdict":
+			outcome = data.Verdict
+		case "source":
+			outcome = data.Source
+		case "reason":
+			outcome = data.Reason
+		case "code":
+			outcome = data.Code
+		}
 		if ev.Kind == "sandbox.created" && data.CreateMS != nil && outcome != "" {
 			m.create.WithLabelValues(outcome).Observe(*data.CreateMS / 1000)
 		}

@@ -222,11 +222,14 @@ func (m *Manager) resolveVolumes(ctx context.Context, rt runtime.Runtime, reqs [
 // volumeBinds mounts each volume on the host if needed and returns the
 // binds the runtime makes.
 func (m *Manager) volumeBinds(ctx context.Context, mounts []store.VolumeMount) ([]runtime.FileBind, error) {
+	if len(mounts) == 0 {
+		return nil, nil
+	}
+	if m.cfg.Volumes == nil {
+		return nil, ErrVolumesUnavailable
+	}
 	var binds []runtime.FileBind
 	for _, vm := range mounts {
-		if m.cfg.Volumes == nil {
-			return nil, ErrVolumesUnavailable
-		}
 		dir, err := m.cfg.Volumes.Mount(ctx, vm.ID)
 		if err != nil {
 			return nil, fmt.Errorf("volume %s: %w", vm.Name, err)

@@ -289,21 +289,6 @@ func TestBuildBaseConcurrent(t *testing.T) {
 	}
 }
 
-func TestUnescapeMount(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"/var/cache/corral", "/var/cache/corral"},
-		{`/tmp/a\040b`, "/tmp/a b"},
-		{`/tmp/tab\011x\134y`, "/tmp/tab\tx\\y"},
-		{`/tmp/trailing\04`, `/tmp/trailing\04`},
-		{`/tmp/bad\09x`, `/tmp/bad\09x`},
-	}
-	for _, tt := range tests {
-		if got := unescapeMount(tt.in); got != tt.want {
-			t.Errorf("unescapeMount(%q) = %q, want %q", tt.in, got, tt.want)
-		}
-	}
-}
-
 // TestRemoveTreeSparesMounts checks the safety property of removeTree: a
 // partial build with a host directory still mounted inside (as a killed
 // debootstrap leaves /proc and /sys) is removed without deleting anything
