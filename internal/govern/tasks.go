@@ -296,6 +296,19 @@ func cloneTask(t *store.Task) *store.Task {
 	return &c
 }
 
+// openState is state for a task that has not ended; an ended task is
+// refused with its code. g.mu must be held.
+func (g *Governor) openState(ctx context.Context, id string) (*taskState, error) {
+	ts, err := g.state(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if ts.t.State == store.TaskEnded {
+		return nil, refusal(ts.t)
+	}
+	return ts, nil
+}
+
 // state returns the cached state of an open or tripped task, loading it
 // from the store if needed. g.mu is held.
 func (g *Governor) state(ctx context.Context, id string) (*taskState, error) {
@@ -482,12 +495,9 @@ func (g *Governor) ReportTokens(ctx context.Context, id string, n int64) (*store
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	ts, err := g.state(ctx, id)
+	ts, err := g.openState(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if ts.t.State == store.TaskEnded {
-		return nil, refusal(ts.t)
 	}
 	ts.t.Usage.Tokens += n
 	g.record("", id, "task.tokens", map[string]any{"tokens": n, "total": ts.t.Usage.Tokens})
@@ -576,12 +586,9 @@ func (g *Governor) persist(ts *taskState) {
 func (g *Governor) Change(ctx context.Context, id string, ch BudgetChange) (*store.Task, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	ts, err := g.state(ctx, id)
+	ts, err := g.openState(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if ts.t.State == store.TaskEnded {
-		return nil, refusal(ts.t)
 	}
 	b, err := applyChange(ts.t.Budgets, ch)
 	if err != nil {
