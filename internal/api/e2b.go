@@ -328,8 +328,7 @@ func (s *Server) e2bConnect(w http.ResponseWriter, r *http.Request) {
 	if s.mgr.Paused(id) { // connect resumes a paused sandbox: 201
 		sb, err := s.mgr.Resume(r.Context(), id, time.Duration(ttl)*time.Second)
 		if err != nil {
-			s.log.Error("e2b resume", "id", id, "err", err)
-			e2bError(w, http.StatusInternalServerError, "resume failed; see the server log")
+			s.e2bStateErr(w, id, "resume", err, fmt.Sprintf("sandbox %q is already running", id))
 			return
 		}
 		writeJSON(w, http.StatusCreated, e2bSandboxOf(sb))
@@ -358,16 +357,28 @@ func (s *Server) e2bPause(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	// keepMemory false: persist the files, stop the processes.
 	_, err := s.mgr.PauseWith(r.Context(), id, req.Memory != nil && !*req.Memory)
+	if err != nil {
+		s.e2bStateErr(w, id, "pause", err, fmt.Sprintf("sandbox %q is already paused", id))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// e2bStateErr answers a failed pause or resume: 409 with the manager's
+// explanation (or conflict when it has none), 404 for a sandbox that is
+// gone or ended during the call, 500 (logged) otherwise.
+func (s *Server) e2bStateErr(w http.ResponseWriter, id, op string, err error, conflict string) {
+	var ce *sandbox.ConflictError
 	switch {
-	case err == nil:
-		w.WriteHeader(http.StatusNoContent)
+	case errors.As(err, &ce):
+		e2bError(w, http.StatusConflict, ce.Msg)
 	case errors.Is(err, sandbox.ErrConflict):
-		e2bError(w, http.StatusConflict, fmt.Sprintf("sandbox %q is already paused", id))
-	case errors.Is(err, sandbox.ErrNotFound):
+		e2bError(w, http.StatusConflict, conflict)
+	case errors.Is(err, sandbox.ErrNotFound), errors.Is(err, store.ErrNotFound):
 		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
 	default:
-		s.log.Error("e2b pause", "id", id, "err", err)
-		e2bError(w, http.StatusInternalServerError, "pause failed; see the server log")
+		s.log.Error("e2b "+op, "id", id, "err", err)
+		e2bError(w, http.StatusInternalServerError, op+" failed; see the server log")
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
 )
 
 // Stable error codes of the native API (docs/api.md).
@@ -84,6 +85,10 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "volume not found")
 	case errors.Is(err, sandbox.ErrNotFound):
 		writeError(w, http.StatusNotFound, CodeNotFound, "sandbox not found")
+	case errors.Is(err, store.ErrNotFound):
+		// A record that went away during the call (a sandbox that ended
+		// while it was being paused, say).
+		writeError(w, http.StatusNotFound, CodeNotFound, "not found (it ended or was deleted during the call)")
 	case errors.Is(err, sandbox.ErrConflict):
 		writeError(w, http.StatusConflict, CodeConflict, "the sandbox's state does not allow this (paused or running already)")
 	case errors.Is(err, sandbox.ErrCapacity):

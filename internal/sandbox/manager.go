@@ -44,6 +44,16 @@ var (
 // ConflictError is an ErrConflict with a specific explanation.
 type ConflictError struct{ Msg string }
 
+// errChanging refuses a pause or resume while another is under way.
+var errChanging = &ConflictError{Msg: "a pause or resume of this sandbox is in progress; try again when it is done"}
+
+// doneChanging ends a pause or resume started on ls.
+func (m *Manager) doneChanging(ls *liveSandbox) {
+	m.mu.Lock()
+	ls.changing = false
+	m.mu.Unlock()
+}
+
 func (e *ConflictError) Error() string { return e.Msg }
 
 // Unwrap makes errors.Is(err, ErrConflict) hold.
@@ -195,6 +205,9 @@ type liveSandbox struct {
 	// stopped: a persisted pause stopped its processes; resume restarts
 	// it from rec.Persisted. Guarded by Manager.mu.
 	stopped bool
+	// changing: a pause or resume is under way; another one is refused
+	// until it is done. Guarded by Manager.mu.
+	changing bool
 	// lastActive is the last command start or end; running counts
 	// commands in progress (for the idle limit). Guarded by Manager.mu.
 	lastActive time.Time
@@ -698,7 +711,8 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (*
 // EndIfDead checks whether a sandbox that should be running has died (its
 // init exited, for example at the memory limit) and if so ends it at once
 // with the right reason, which it returns. It waits up to wait for a
-// sandbox that is still dying.
+// sandbox that is still dying. A sandbox whose processes corral stopped
+// on purpose (a persisted pause) is not dead.
 func (m *Manager) EndIfDead(ctx context.Context, id string, wait time.Duration) (reason string, dead bool) {
 	deadline := time.Now().Add(wait)
 	for m.driver.Alive(id) {
@@ -706,6 +720,15 @@ func (m *Manager) EndIfDead(ctx context.Context, id string, wait time.Duration) 
 			return "", false
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// Checked after the runtime said dead: a persisted pause marks the
+	// sandbox stopped before it stops the processes.
+	m.mu.Lock()
+	ls, ok := m.live[id]
+	stopped := ok && ls.stopped
+	m.mu.Unlock()
+	if stopped {
+		return "", false
 	}
 	reason = EndError
 	if st, err := m.driver.Stats(id); err == nil && st.OOMKills > 0 {
@@ -797,16 +820,21 @@ func (m *Manager) Pause(ctx context.Context, id string) (*store.Sandbox, error) 
 		m.mu.Unlock()
 		return nil, ErrNotFound
 	}
+	if ls.changing {
+		m.mu.Unlock()
+		return nil, errChanging
+	}
 	if ls.paused {
 		m.mu.Unlock()
 		return nil, ErrConflict
 	}
-	ls.paused = true
+	ls.paused, ls.changing = true, true
 	ls.remaining = max(time.Until(ls.rec.ExpiresAt), time.Second)
 	if ls.timer != nil {
 		ls.timer.Stop()
 	}
 	m.mu.Unlock()
+	defer m.doneChanging(ls)
 	m.dropClient(id)
 	if err := m.driver.Pause(ctx, id); err != nil {
 		m.mu.Lock()
@@ -835,12 +863,18 @@ func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*st
 		m.mu.Unlock()
 		return nil, ErrNotFound
 	}
+	if ls.changing {
+		m.mu.Unlock()
+		return nil, errChanging
+	}
 	if !ls.paused {
 		m.mu.Unlock()
 		return nil, ErrConflict
 	}
 	stopped := ls.stopped
+	ls.changing = true
 	m.mu.Unlock()
+	defer m.doneChanging(ls)
 	if stopped {
 		if err := m.restart(ctx, ls); err != nil {
 			return nil, err

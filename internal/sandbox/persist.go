@@ -24,6 +24,10 @@ func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*stor
 		m.mu.Unlock()
 		return nil, ErrNotFound
 	}
+	if ls.changing {
+		m.mu.Unlock()
+		return nil, errChanging
+	}
 	if ls.stopped {
 		m.mu.Unlock()
 		return nil, ErrConflict
@@ -36,7 +40,9 @@ func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*stor
 			ls.timer.Stop()
 		}
 	}
+	ls.changing = true
 	m.mu.Unlock()
+	defer m.doneChanging(ls)
 	undo := func() {
 		if wasPaused {
 			return
@@ -60,6 +66,13 @@ func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*stor
 		undo()
 		return nil, err
 	}
+	// Marked stopped before its processes stop, so that the death check
+	// (EndIfDead) does not take the stop for a crash and end the sandbox.
+	m.mu.Lock()
+	ls.stopped = true
+	ls.rec.Persisted = sn.ID
+	remaining := ls.remaining
+	m.mu.Unlock()
 	m.dropClient(id)
 	if err := m.driver.Stop(ctx, id, m.cfg.KillGrace); err != nil {
 		m.log.Error("stop persisted sandbox", "id", id, "err", err)
@@ -69,10 +82,11 @@ func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*stor
 		wd.Forget(id)
 	}
 	m.mu.Lock()
-	ls.stopped = true
-	ls.rec.Persisted = sn.ID
-	remaining := ls.remaining
+	ended := ls.ending // killed while it was being paused
 	m.mu.Unlock()
+	if ended {
+		return nil, ErrNotFound
+	}
 	if err := m.store.SetState(ctx, id, store.StatePaused, time.Now().Add(remaining)); err != nil {
 		return nil, err
 	}

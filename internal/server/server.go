@@ -97,6 +97,9 @@ type Config struct {
 	Watchdog watchdog.Config
 	// IdleTimeout ends sandboxes idle this long (0: never).
 	IdleTimeout time.Duration
+	// DeathCheckInterval is how often running sandboxes are checked for a
+	// dead init (default 1 s; at most 1 min).
+	DeathCheckInterval time.Duration
 	// MemoryPressure overrides the host memory check that empties warm
 	// pools (sandbox.Config.MemoryPressure); nil: /proc/meminfo.
 	MemoryPressure func() bool
@@ -128,8 +131,8 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("e2b-internet %q: use none or all-public", c.E2BInternet)
 	}
-	if c.MaxOutput < 0 || c.MaxSandboxes < 0 || c.KillGrace < 0 || c.KillGrace > time.Minute {
-		return errors.New("max-output and max-sandboxes must not be negative; kill-grace must be 0..1m")
+	if c.MaxOutput < 0 || c.MaxSandboxes < 0 || c.KillGrace < 0 || c.KillGrace > time.Minute || c.DeathCheckInterval < 0 || c.DeathCheckInterval > time.Minute {
+		return errors.New("max-output and max-sandboxes must not be negative; kill-grace and the death-check interval must be 0..1m")
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q: %w", c.Listen, err)
@@ -274,7 +277,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace,
 		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
-		IdleTimeout: cfg.IdleTimeout, MemoryPressure: cfg.MemoryPressure, Volumes: vols, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
+		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: vols, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
 		TemplateDir: filepath.Join(cfg.DataDir, "template-versions"),
 	}, st, drv, templateSource{tmpl}, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)

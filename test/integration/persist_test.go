@@ -2,11 +2,13 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/corralhq/corral/internal/server"
 	corral "github.com/corralhq/corral/sdk/go"
 )
 
@@ -120,4 +122,84 @@ func countRunc(t *testing.T, id string) int {
 		}
 	}
 	return 0
+}
+
+// TestPersistedPauseIsNotADeath: stopping a sandbox's processes for a
+// persisted pause is not a death. With the death check running every
+// millisecond, a check always lands while the processes stop (a process
+// that ignores SIGTERM holds the stop for the whole kill grace); the
+// sandbox must still end up paused, never ended with reason "error", and
+// resume with its files.
+func TestPersistedPauseIsNotADeath(t *testing.T) {
+	s := startGovServer(t, "fast death check", func(c *server.Config) {
+		c.DeathCheckInterval = time.Millisecond
+		c.KillGrace = 300 * time.Millisecond
+	})
+	ctx := context.Background()
+	for i := range 3 {
+		sb, err := s.c.Create(ctx, corral.CreateOptions{Timeout: 2 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.c.Kill(context.Background(), sb.ID) })
+		if _, err := sb.Run(ctx, "echo kept > /home/user/k.txt", corral.RunOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sb.Start(ctx, "trap '' TERM; while :; do sleep 1; done", corral.RunOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.c.PausePersist(ctx, sb.ID); err != nil {
+			t.Fatalf("round %d: persisted pause: %v", i, err)
+		}
+		got, err := s.c.Get(ctx, sb.ID)
+		if err != nil || got.State != "paused" || got.EndReason != "" {
+			t.Fatalf("round %d: after a persisted pause: %+v %v", i, got, err)
+		}
+		if _, err := s.c.Resume(ctx, sb.ID, 0); err != nil {
+			t.Fatalf("round %d: resume: %v", i, err)
+		}
+		res, err := sb.Run(ctx, "cat /home/user/k.txt", corral.RunOptions{})
+		if err != nil || res.Stdout != "kept\n" {
+			t.Fatalf("round %d: after resume: %q %v", i, res.Stdout, err)
+		}
+	}
+
+	// A resume sent while a persisted pause may still be stopping the
+	// processes either is refused with 409 (not paused yet, or a pause in
+	// progress) and leaves the sandbox paused, or comes after the pause
+	// and resumes it; either way the sandbox is whole afterwards.
+	sb, err := s.c.Create(ctx, corral.CreateOptions{Timeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.c.Kill(context.Background(), sb.ID) })
+	if _, err := sb.Run(ctx, "echo kept > /home/user/k.txt", corral.RunOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Start(ctx, "trap '' TERM; while :; do sleep 1; done", corral.RunOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pauseErr := make(chan error, 1)
+	go func() { _, err := s.c.PausePersist(ctx, sb.ID); pauseErr <- err }()
+	_, resumeErr := s.c.Resume(ctx, sb.ID, 0)
+	if err := <-pauseErr; err != nil {
+		t.Fatalf("persisted pause: %v", err)
+	}
+	var apiErr *corral.APIError
+	switch {
+	case resumeErr == nil:
+	case errors.As(resumeErr, &apiErr) && apiErr.Status == 409:
+		if got, err := s.c.Get(ctx, sb.ID); err != nil || got.State != "paused" {
+			t.Fatalf("after a refused resume: %+v %v", got, err)
+		}
+		if _, err := s.c.Resume(ctx, sb.ID, 0); err != nil {
+			t.Fatalf("resume after the pause: %v", err)
+		}
+	default:
+		t.Fatalf("resume during a persisted pause: %v, want success or 409", resumeErr)
+	}
+	res, err := sb.Run(ctx, "cat /home/user/k.txt", corral.RunOptions{})
+	if err != nil || res.Stdout != "kept\n" {
+		t.Fatalf("after pause and resume raced: %q %v", res.Stdout, err)
+	}
 }
