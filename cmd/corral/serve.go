@@ -53,6 +53,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&cfg.RunawayAction, "cpu-runaway-action", "sandbox", "what the CPU-runaway rule kills: sandbox or command (its running commands; the sandbox lives on)")
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "end sandboxes with no command for this long (default 0: never)")
 	f.DurationVar(&cfg.KillGrace, "kill-grace", 3*time.Second, "time between SIGTERM and SIGKILL when a sandbox is killed (0..1m)")
+	f.DurationVar(&cfg.DeathCheckInterval, "death-check-interval", time.Second, "how often running sandboxes are checked for a dead init, ended with reason error or oom (0..1m)")
 	f.BoolVar(&cfg.KillOnShutdown, "kill-on-shutdown", false, "kill all sandboxes when the server stops (default: keep them; the next start adopts them)")
 	f.Var(prefixFlag{&cfg.NetworkRange}, "sandbox-net", "IPv4 range for sandbox veth pairs, a /28 or larger (default 10.201.0.0/16)")
 	f.BoolVar(&cfg.NoNetwork, "no-network", false, "run without the network gateway: sandboxes can only have --net none")

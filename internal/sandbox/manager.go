@@ -199,6 +199,9 @@ type liveSandbox struct {
 	pid    int
 	timer  *time.Timer
 	ending bool // Kill in progress; guarded by Manager.mu
+	// ended is made when ending is set and closed when the end is
+	// recorded (or failed). Guarded by Manager.mu.
+	ended chan struct{}
 	// paused: frozen, TTL clock stopped with remaining left; guarded by Manager.mu.
 	paused    bool
 	remaining time.Duration
@@ -614,6 +617,8 @@ func (m *Manager) end(ctx context.Context, id, reason, errText string) error {
 		return ErrNotFound
 	}
 	ls.ending = true
+	ls.ended = make(chan struct{})
+	defer close(ls.ended)
 	if ls.timer != nil {
 		ls.timer.Stop()
 	}
@@ -734,7 +739,20 @@ func (m *Manager) EndIfDead(ctx context.Context, id string, wait time.Duration) 
 	if st, err := m.driver.Stats(id); err == nil && st.OOMKills > 0 {
 		reason = EndOOM
 	}
-	_ = m.end(ctx, id, reason, "sandbox init exited")
+	if err := m.end(ctx, id, reason, "sandbox init exited"); errors.Is(err, ErrNotFound) && ok {
+		// Another caller (the periodic check, a kill) is ending it: wait
+		// until the end is recorded, so that what this caller reports
+		// and what a read of the record says agree.
+		m.mu.Lock()
+		ended := ls.ended
+		m.mu.Unlock()
+		if ended != nil {
+			select {
+			case <-ended:
+			case <-ctx.Done():
+			}
+		}
+	}
 	if rec, err := m.store.GetSandbox(ctx, id); err == nil && rec.EndReason != "" {
 		reason = rec.EndReason
 	}
