@@ -44,16 +44,6 @@ var (
 // ConflictError is an ErrConflict with a specific explanation.
 type ConflictError struct{ Msg string }
 
-// errChanging refuses a pause or resume while another is under way.
-var errChanging = &ConflictError{Msg: "a pause or resume of this sandbox is in progress; try again when it is done"}
-
-// doneChanging ends a pause or resume started on ls.
-func (m *Manager) doneChanging(ls *liveSandbox) {
-	m.mu.Lock()
-	ls.changing = false
-	m.mu.Unlock()
-}
-
 func (e *ConflictError) Error() string { return e.Msg }
 
 // Unwrap makes errors.Is(err, ErrConflict) hold.
@@ -208,9 +198,11 @@ type liveSandbox struct {
 	// stopped: a persisted pause stopped its processes; resume restarts
 	// it from rec.Persisted. Guarded by Manager.mu.
 	stopped bool
-	// changing: a pause or resume is under way; another one is refused
-	// until it is done. Guarded by Manager.mu.
-	changing bool
+	// op serialises the calls that freeze, thaw, stop or copy the
+	// sandbox (pause, resume, snapshot, save as template), so that one
+	// never thaws what another froze. Taken before Manager.mu, never
+	// while holding it.
+	op sync.Mutex
 	// lastActive is the last command start or end; running counts
 	// commands in progress (for the idle limit). Guarded by Manager.mu.
 	lastActive time.Time
@@ -811,6 +803,27 @@ func (m *Manager) token(id string) string {
 	return ""
 }
 
+// lockOp takes the operation lock of a live sandbox (liveSandbox.op) and
+// returns the sandbox with the lock's release. ErrNotFound if it is not
+// live or is ending, before or after the wait for the lock.
+func (m *Manager) lockOp(id string) (*liveSandbox, func(), error) {
+	m.mu.Lock()
+	ls, ok := m.live[id]
+	m.mu.Unlock()
+	if !ok {
+		return nil, nil, ErrNotFound
+	}
+	ls.op.Lock()
+	m.mu.Lock()
+	gone := ls.ending || m.live[id] != ls
+	m.mu.Unlock()
+	if gone {
+		ls.op.Unlock()
+		return nil, nil, ErrNotFound
+	}
+	return ls, ls.op.Unlock, nil
+}
+
 // Running reports whether id is a running (not paused, not ending)
 // sandbox of this server.
 func (m *Manager) Running(id string) bool {
@@ -832,27 +845,22 @@ func (m *Manager) Paused(id string) bool {
 // freezer: memory is kept, no CPU is used, and its lifetime clock stops
 // until Resume. Pausing a paused sandbox is ErrConflict.
 func (m *Manager) Pause(ctx context.Context, id string) (*store.Sandbox, error) {
+	ls, unlock, err := m.lockOp(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	m.mu.Lock()
-	ls, ok := m.live[id]
-	if !ok || ls.ending {
-		m.mu.Unlock()
-		return nil, ErrNotFound
-	}
-	if ls.changing {
-		m.mu.Unlock()
-		return nil, errChanging
-	}
 	if ls.paused {
 		m.mu.Unlock()
 		return nil, ErrConflict
 	}
-	ls.paused, ls.changing = true, true
+	ls.paused = true
 	ls.remaining = max(time.Until(ls.rec.ExpiresAt), time.Second)
 	if ls.timer != nil {
 		ls.timer.Stop()
 	}
 	m.mu.Unlock()
-	defer m.doneChanging(ls)
 	m.dropClient(id)
 	if err := m.driver.Pause(ctx, id); err != nil {
 		m.mu.Lock()
@@ -875,24 +883,18 @@ func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*st
 	if ttl < 0 || ttl > MaxTTL {
 		return nil, invalid("timeout must be between 1 and %d seconds", int64(MaxTTL/time.Second))
 	}
+	ls, unlock, err := m.lockOp(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	m.mu.Lock()
-	ls, ok := m.live[id]
-	if !ok || ls.ending {
-		m.mu.Unlock()
-		return nil, ErrNotFound
-	}
-	if ls.changing {
-		m.mu.Unlock()
-		return nil, errChanging
-	}
 	if !ls.paused {
 		m.mu.Unlock()
 		return nil, ErrConflict
 	}
 	stopped := ls.stopped
-	ls.changing = true
 	m.mu.Unlock()
-	defer m.doneChanging(ls)
 	if stopped {
 		if err := m.restart(ctx, ls); err != nil {
 			return nil, err

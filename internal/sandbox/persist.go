@@ -18,16 +18,12 @@ func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*stor
 	if !persist {
 		return m.Pause(ctx, id)
 	}
+	ls, unlock, err := m.lockOp(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	m.mu.Lock()
-	ls, ok := m.live[id]
-	if !ok || ls.ending {
-		m.mu.Unlock()
-		return nil, ErrNotFound
-	}
-	if ls.changing {
-		m.mu.Unlock()
-		return nil, errChanging
-	}
 	if ls.stopped {
 		m.mu.Unlock()
 		return nil, ErrConflict
@@ -40,9 +36,7 @@ func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*stor
 			ls.timer.Stop()
 		}
 	}
-	ls.changing = true
 	m.mu.Unlock()
-	defer m.doneChanging(ls)
 	undo := func() {
 		if wasPaused {
 			return
@@ -54,7 +48,7 @@ func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*stor
 		}
 		m.mu.Unlock()
 	}
-	sn, err := m.Snapshot(ctx, id, "paused-"+id)
+	sn, err := m.snapshotLocked(ctx, ls, "paused-"+id)
 	if err != nil {
 		undo()
 		return nil, fmt.Errorf("persist %s: %w", id, err)

@@ -38,21 +38,38 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*store.Snapsho
 	if len(name) > MaxSnapshotName || (name != "" && !snapshotNameRe.MatchString(name)) {
 		return nil, invalid("snapshot name must be 1..%d characters of [A-Za-z0-9._:-]", MaxSnapshotName)
 	}
+	ls, unlock, err := m.lockOp(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return m.snapshotLocked(ctx, ls, name)
+}
+
+// errPersisted refuses to copy the files of a sandbox whose processes a
+// persisted pause stopped.
+var errPersisted = &ConflictError{Msg: "the sandbox is paused and persisted; resume it first"}
+
+// parentSnapshot is the snapshot a sandbox's files stack on: the one its
+// last persisted pause saved, else the one it was created from ("" for
+// none).
+func parentSnapshot(rec *store.Sandbox) string {
+	if rec.Persisted != "" {
+		return rec.Persisted
+	}
+	return rec.Snapshot
+}
+
+// snapshotLocked is Snapshot for a caller that holds ls.op.
+func (m *Manager) snapshotLocked(ctx context.Context, ls *liveSandbox, name string) (*store.Snapshot, error) {
 	m.mu.Lock()
-	ls, ok := m.live[id]
-	if ok && ls.stopped {
-		m.mu.Unlock()
-		return nil, &ConflictError{Msg: "the sandbox is paused and persisted; resume it first"}
-	}
-	ok = ok && !ls.ending
-	var rec store.Sandbox
-	if ok {
-		rec = *ls.rec
-	}
+	rec := *ls.rec
+	stopped := ls.stopped
 	m.mu.Unlock()
-	if !ok {
-		return nil, ErrNotFound
+	if stopped {
+		return nil, errPersisted
 	}
+	id := rec.ID
 	if m.cfg.SnapshotDir == "" {
 		return nil, errors.New("snapshots are not configured")
 	}
@@ -67,10 +84,7 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*store.Snapsho
 	if rec.TemplateVersion != "" {
 		tmpl = rec.TemplateVersion // a snapshot pins the exact template version
 	}
-	parentSnap := rec.Snapshot
-	if rec.Persisted != "" {
-		parentSnap = rec.Persisted // the sandbox runs from its persisted snapshot
-	}
+	parentSnap := parentSnapshot(&rec)
 	sn := &store.Snapshot{ID: snapID, Name: name, SandboxID: id, Template: tmpl, Parent: parentSnap,
 		Layers: []string{layer}, SizeBytes: size, CreatedAt: time.Now().UTC()}
 	if parentSnap != "" {

@@ -320,12 +320,17 @@ func (m *Manager) SaveTemplate(ctx context.Context, id, ref string) (*store.Temp
 	if _, err := m.store.GetTemplateVersion(ctx, name, version); err == nil {
 		return nil, &ConflictError{Msg: fmt.Sprintf("template %s exists; templates are immutable, pick a new version", ref)}
 	}
-	rec, err := m.Get(ctx, id)
+	ls, unlock, err := m.lockOp(id)
 	if err != nil {
 		return nil, err
 	}
-	if !m.Running(id) && !m.Paused(id) {
-		return nil, ErrNotFound
+	defer unlock()
+	m.mu.Lock()
+	rec := *ls.rec
+	stopped := ls.stopped
+	m.mu.Unlock()
+	if stopped {
+		return nil, errPersisted
 	}
 	parentRef := rec.TemplateVersion
 	if parentRef == "" {
@@ -336,10 +341,12 @@ func (m *Manager) SaveTemplate(ctx context.Context, id, ref string) (*store.Temp
 		return nil, err
 	}
 	var snapLayers []string
-	if rec.Snapshot != "" {
-		if sn, err := m.store.GetSnapshotAny(ctx, rec.Snapshot); err == nil {
-			snapLayers = sn.Layers
+	if ps := parentSnapshot(&rec); ps != "" {
+		sn, err := m.store.GetSnapshotAny(ctx, ps)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot under %s: %w", id, err)
 		}
+		snapLayers = sn.Layers
 	}
 	if m.cfg.TemplateDir == "" {
 		return nil, errors.New("templates are not configured")

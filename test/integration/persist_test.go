@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,6 +46,14 @@ func TestPersistedPause(t *testing.T) {
 	if _, err := sb.Run(ctx, "true", corral.RunOptions{}); err == nil {
 		t.Fatal("a command ran in a persisted sandbox")
 	}
+	// Its files cannot be copied while its processes are stopped.
+	var apiErr *corral.APIError
+	if _, err := c.Snapshot(ctx, sb.ID, ""); !errors.As(err, &apiErr) || apiErr.Status != 409 {
+		t.Fatalf("snapshot of a persisted sandbox: %v, want 409", err)
+	}
+	if _, err := c.SaveTemplate(ctx, sb.ID, "persisted"+randHex(3)+":1"); !errors.As(err, &apiErr) || apiErr.Status != 409 {
+		t.Fatalf("save as template of a persisted sandbox: %v, want 409", err)
+	}
 	if _, err := c.Resume(ctx, sb.ID, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +77,22 @@ func TestPersistedPause(t *testing.T) {
 	res, err = child.Run(ctx, "cat /home/user/p.txt", corral.RunOptions{})
 	if err != nil || res.Stdout != "saved\n" {
 		t.Fatalf("child of the resumed sandbox: %q %v", res.Stdout, err)
+	}
+	// So does a template saved from it: the files written before the
+	// persisted pause are in it.
+	name := "resumed" + randHex(3)
+	if _, err := c.SaveTemplate(ctx, sb.ID, name+":1"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.DeleteTemplate(context.Background(), name+":1") })
+	fromTmpl, err := c.Create(ctx, corral.CreateOptions{Template: name, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Kill(context.Background(), fromTmpl.ID) })
+	res, err = fromTmpl.Run(ctx, "cat /home/user/p.txt", corral.RunOptions{})
+	if err != nil || res.Stdout != "saved\n" {
+		t.Fatalf("sandbox from a template saved after a persisted pause: %q %v", res.Stdout, err)
 	}
 }
 
@@ -165,9 +190,9 @@ func TestPersistedPauseIsNotADeath(t *testing.T) {
 	}
 
 	// A resume sent while a persisted pause may still be stopping the
-	// processes either is refused with 409 (not paused yet, or a pause in
-	// progress) and leaves the sandbox paused, or comes after the pause
-	// and resumes it; either way the sandbox is whole afterwards.
+	// processes waits for it and resumes the sandbox, or, if it came
+	// first, is refused with 409 (not paused) and leaves the pause to
+	// happen; either way the sandbox is whole afterwards.
 	sb, err := s.c.Create(ctx, corral.CreateOptions{Timeout: 2 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -201,5 +226,69 @@ func TestPersistedPauseIsNotADeath(t *testing.T) {
 	res, err := sb.Run(ctx, "cat /home/user/k.txt", corral.RunOptions{})
 	if err != nil || res.Stdout != "kept\n" {
 		t.Fatalf("after pause and resume raced: %q %v", res.Stdout, err)
+	}
+}
+
+// TestSnapshotsAndPauseDoNotThawEachOther: snapshots freeze the sandbox
+// for the copy and thaw it after; a pause that lands during a snapshot
+// must stay a pause. Three snapshots and a pause sent at once: afterwards
+// the record says paused and the runtime's freezer says so too (before
+// the sandbox's operations were serialised, a snapshot could thaw a
+// sandbox recorded as paused), and every snapshot starts a sandbox.
+func TestSnapshotsAndPauseDoNotThawEachOther(t *testing.T) {
+	need(t)
+	ctx := context.Background()
+	c := corral.New(env.url, env.key)
+	sb, err := c.Create(ctx, corral.CreateOptions{Timeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Kill(context.Background(), sb.ID) })
+	if _, err := sb.Run(ctx, "head -c 20000000 /dev/urandom > /home/user/big && echo x > /home/user/mark", corral.RunOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	snaps := make([]string, 3)
+	errs := make([]error, 4)
+	for i := range snaps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sn, err := c.Snapshot(ctx, sb.ID, "")
+			if err == nil {
+				snaps[i] = sn.ID
+				t.Cleanup(func() { c.DeleteSnapshot(context.Background(), sn.ID) })
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); _, errs[3] = c.Pause(ctx, sb.ID) }()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if got, err := c.Get(ctx, sb.ID); err != nil || got.State != "paused" {
+		t.Fatalf("after the pause: %+v %v", got, err)
+	}
+	out, err := exec.Command("runc", "--root", runcRoot(env.dataDir), "state", sb.ID).Output()
+	if err != nil || !strings.Contains(string(out), `"status": "paused"`) {
+		t.Fatalf("runtime state of a paused sandbox: %s %v", out, err)
+	}
+	if _, err := c.Resume(ctx, sb.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range snaps {
+		child, err := c.Create(ctx, corral.CreateOptions{Snapshot: id, Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := child.Run(ctx, "cat /home/user/mark", corral.RunOptions{})
+		c.Kill(ctx, child.ID)
+		if err != nil || res.Stdout != "x\n" {
+			t.Fatalf("sandbox from snapshot %s: %q %v", id, res.Stdout, err)
+		}
 	}
 }
