@@ -814,10 +814,7 @@ func (m *Manager) lockOp(id string) (*liveSandbox, func(), error) {
 		return nil, nil, ErrNotFound
 	}
 	ls.op.Lock()
-	m.mu.Lock()
-	gone := ls.ending || m.live[id] != ls
-	m.mu.Unlock()
-	if gone {
+	if m.endingOrGone(ls) {
 		ls.op.Unlock()
 		return nil, nil, ErrNotFound
 	}

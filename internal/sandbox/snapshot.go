@@ -60,6 +60,13 @@ func parentSnapshot(rec *store.Sandbox) string {
 	return rec.Snapshot
 }
 
+// endingOrGone reports whether ls is being ended or has ended.
+func (m *Manager) endingOrGone(ls *liveSandbox) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return ls.ending || m.live[ls.rec.ID] != ls
+}
+
 // snapshotLocked is Snapshot for a caller that holds ls.op.
 func (m *Manager) snapshotLocked(ctx context.Context, ls *liveSandbox, name string) (*store.Snapshot, error) {
 	m.mu.Lock()
@@ -78,6 +85,9 @@ func (m *Manager) snapshotLocked(ctx context.Context, ls *liveSandbox, name stri
 	size, err := m.driver.Snapshot(ctx, id, layer)
 	if err != nil {
 		_ = os.RemoveAll(filepath.Dir(layer))
+		if m.endingOrGone(ls) {
+			return nil, ErrNotFound // killed during the copy
+		}
 		return nil, fmt.Errorf("snapshot %s: %w", id, err)
 	}
 	tmpl := rec.Template
