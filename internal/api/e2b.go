@@ -327,12 +327,17 @@ func (s *Server) e2bConnect(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if s.mgr.Paused(id) { // connect resumes a paused sandbox: 201
 		sb, err := s.mgr.Resume(r.Context(), id, time.Duration(ttl)*time.Second)
-		if err != nil {
+		switch {
+		case err == nil:
+			writeJSON(w, http.StatusCreated, e2bSandboxOf(sb))
+			return
+		case errors.Is(err, sandbox.ErrConflict) && !strings.HasSuffix(r.URL.Path, "/resume"):
+			// Another connect resumed it first: connect to the running
+			// sandbox below.
+		default:
 			s.e2bStateErr(w, id, "resume", err, fmt.Sprintf("sandbox %q is already running", id))
 			return
 		}
-		writeJSON(w, http.StatusCreated, e2bSandboxOf(sb))
-		return
 	}
 	if strings.HasSuffix(r.URL.Path, "/resume") {
 		e2bError(w, http.StatusConflict, fmt.Sprintf("sandbox %q is already running", id))

@@ -127,8 +127,7 @@ func (s *Server) e2bCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 			e2bError(w, http.StatusBadRequest, inv.Msg)
 			return
 		}
-		s.log.Error("e2b snapshot", "err", err)
-		e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+		s.e2bStateErr(w, sb.ID, "snapshot", err, "the sandbox's state does not allow a snapshot")
 		return
 	}
 	writeJSON(w, http.StatusCreated, e2bSnapshotOut(sn))

@@ -504,6 +504,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
 	m.live[rec.ID] = ls
 	m.mu.Unlock()
+	if pd != nil {
+		m.unpool(pd.id) // live now: the reaper sees it as such
+	}
 
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
 		m.forget(rec.ID)
@@ -573,19 +576,39 @@ func (m *Manager) forget(id string) {
 func (m *Manager) expire(id string) {
 	m.mu.Lock()
 	ls, ok := m.live[id]
-	auto := ok && ls.rec.Lifecycle.AutoPause && !ls.paused
+	if ok && !ls.ending && !ls.paused && ls.timer != nil {
+		if left := time.Until(ls.rec.ExpiresAt); left > 0 {
+			// The lifetime was extended after the timer fired.
+			ls.timer.Reset(left)
+			m.mu.Unlock()
+			return
+		}
+	}
+	auto := ok && ls.rec.Lifecycle.AutoPause
+	if auto && ls.paused {
+		// Paused between the timer firing and now: that is what the
+		// auto-pause wanted.
+		m.mu.Unlock()
+		return
+	}
 	var memory bool
 	if auto {
 		memory = ls.rec.Lifecycle.PauseMemory
 	}
 	m.mu.Unlock()
 	if auto {
-		if _, err := m.PauseWith(context.Background(), id, !memory); err == nil {
+		_, err := m.PauseWith(context.Background(), id, !memory)
+		if err == nil {
 			m.audit(id, "sandbox.auto_paused", map[string]any{"memory": memory})
 			return
-		} else {
-			m.log.Error("auto-pause at the end of the TTL failed; killing", "id", id, "err", err)
 		}
+		if errors.Is(err, ErrConflict) && m.Paused(id) {
+			return // a user's pause came first: the sandbox is kept paused
+		}
+		if errors.Is(err, ErrNotFound) {
+			return // killed meanwhile
+		}
+		m.log.Error("auto-pause at the end of the TTL failed; killing", "id", id, "err", err)
 	}
 	if err := m.end(context.Background(), id, EndTTL, ""); err != nil && !errors.Is(err, ErrNotFound) {
 		m.log.Error("expire sandbox", "id", id, "err", err)
@@ -602,11 +625,26 @@ func (m *Manager) Kill(ctx context.Context, id string) (*store.Sandbox, error) {
 
 // end stops the sandbox and records reason. Only one caller wins.
 func (m *Manager) end(ctx context.Context, id, reason, errText string) error {
+	return m.endIf(ctx, id, reason, errText, nil)
+}
+
+// errEndCancelled: endIf's condition no longer held.
+var errEndCancelled = errors.New("the reason to end the sandbox no longer holds")
+
+// endIf is end for a rule decided on a reading of the sandbox taken
+// earlier (the idle limit): still, called under Manager.mu just before
+// the sandbox is marked ending, says whether the rule still holds; if
+// not, nothing is done and errEndCancelled is returned.
+func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still func(*liveSandbox) bool) error {
 	m.mu.Lock()
 	ls, ok := m.live[id]
 	if !ok || ls.ending {
 		m.mu.Unlock()
 		return ErrNotFound
+	}
+	if still != nil && !still(ls) {
+		m.mu.Unlock()
+		return errEndCancelled
 	}
 	ls.ending = true
 	ls.ended = make(chan struct{})
@@ -614,7 +652,16 @@ func (m *Manager) end(ctx context.Context, id, reason, errText string) error {
 	if ls.timer != nil {
 		ls.timer.Stop()
 	}
+	stopped := ls.stopped
 	m.mu.Unlock()
+	if stopped {
+		// A persisted sandbox: a resume may be starting it again, or a
+		// persisted pause still stopping it. Wait for that call (nothing
+		// slow holds the lock of a stopped sandbox otherwise), so that the
+		// stop below sees the container it left.
+		ls.op.Lock()
+		ls.op.Unlock() //nolint:staticcheck // a barrier, not a critical section
+	}
 	if reason == EndKilled || reason == EndTTL {
 		// A process killed at the memory limit ended the sandbox, whatever came after.
 		if st, err := m.driver.Stats(id); err == nil && st.OOMKills > 0 && !m.driver.Alive(id) {
@@ -637,6 +684,8 @@ func (m *Manager) end(ctx context.Context, id, reason, errText string) error {
 	if err := m.store.EndSandbox(context.WithoutCancel(ctx), id, reason, errText, time.Now()); err != nil {
 		return err
 	}
+	// From here the sandbox has ended; a failed stop is logged and kept
+	// in the record (errText), and the reaper reclaims what it left.
 	task := m.taskOf(id)
 	m.forget(id)
 	m.dropClient(id)
@@ -646,7 +695,7 @@ func (m *Manager) end(ctx context.Context, id, reason, errText string) error {
 	}
 	m.log.Info("sandbox ended", "id", id, "reason", reason)
 	m.auditTask(id, task, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
-	return stopErr
+	return nil
 }
 
 // Get returns the record of a sandbox, running or ended.
@@ -854,19 +903,25 @@ func (m *Manager) Pause(ctx context.Context, id string) (*store.Sandbox, error) 
 	}
 	ls.paused = true
 	ls.remaining = max(time.Until(ls.rec.ExpiresAt), time.Second)
+	remaining := ls.remaining
 	if ls.timer != nil {
 		ls.timer.Stop()
 	}
 	m.mu.Unlock()
 	m.dropClient(id)
 	if err := m.driver.Pause(ctx, id); err != nil {
+		if m.endingOrGone(ls) {
+			return nil, ErrNotFound // killed during the call
+		}
 		m.mu.Lock()
 		ls.paused = false
-		ls.timer.Reset(ls.remaining)
+		if ls.timer != nil {
+			ls.timer.Reset(ls.remaining)
+		}
 		m.mu.Unlock()
 		return nil, err
 	}
-	if err := m.store.SetState(ctx, id, store.StatePaused, time.Now().Add(ls.remaining)); err != nil {
+	if err := m.store.SetState(ctx, id, store.StatePaused, time.Now().Add(remaining)); err != nil {
 		return nil, err
 	}
 	m.log.Info("sandbox paused", "id", id)
@@ -897,6 +952,9 @@ func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*st
 			return nil, err
 		}
 	} else if err := m.driver.Resume(ctx, id); err != nil {
+		if m.endingOrGone(ls) {
+			return nil, ErrNotFound // killed during the call
+		}
 		return nil, err
 	}
 	m.mu.Lock()
@@ -906,13 +964,18 @@ func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*st
 	at := time.Now().Add(ttl).UTC()
 	ls.paused = false
 	ls.rec.ExpiresAt = at
+	// The time paused is not idle time: the idle limit counts from now.
+	ls.lastActive = time.Now()
 	if ls.timer == nil {
 		ls.timer = time.AfterFunc(ttl, func() { m.expire(id) })
 	} else {
 		ls.timer.Reset(ttl)
 	}
+	// Written under the lock, as SetTimeout does, so that a concurrent
+	// SetTimeout's expiry is not overwritten by this one.
+	err = m.store.SetState(ctx, id, store.StateRunning, at)
 	m.mu.Unlock()
-	if err := m.store.SetState(ctx, id, store.StateRunning, at); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	m.log.Info("sandbox resumed", "id", id)
@@ -954,15 +1017,12 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			}
 		}
 		if rec.State == store.StatePaused && m.driver.Alive(rec.ID) {
-			m.adoptPaused(rec)
+			m.adoptPaused(rec, false)
 			continue
 		}
 		if rec.State == store.StatePaused && rec.Persisted != "" && !m.driver.Alive(rec.ID) {
 			// Persisted: its processes were stopped on purpose.
-			m.adoptPaused(rec)
-			m.mu.Lock()
-			m.live[rec.ID].stopped = true
-			m.mu.Unlock()
+			m.adoptPaused(rec, true)
 			continue
 		}
 		if m.driver.Alive(rec.ID) && time.Now().Before(rec.ExpiresAt) {
@@ -1028,9 +1088,11 @@ func (m *Manager) adoptGoverned(rec *store.Sandbox) {
 	}
 }
 
-func (m *Manager) adoptPaused(rec *store.Sandbox) {
+func (m *Manager) adoptPaused(rec *store.Sandbox, stopped bool) {
 	m.mu.Lock()
-	m.live[rec.ID] = &liveSandbox{rec: rec, paused: true, remaining: max(time.Until(rec.ExpiresAt), time.Minute)}
+	// stopped is set before the sandbox is visible, so that the death
+	// check never takes a persisted sandbox for a dead one.
+	m.live[rec.ID] = &liveSandbox{rec: rec, paused: true, stopped: stopped, remaining: max(time.Until(rec.ExpiresAt), time.Minute)}
 	m.mu.Unlock()
 	m.adoptGoverned(rec)
 	m.log.Info("adopted paused sandbox", "id", rec.ID)

@@ -151,13 +151,15 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req NetworkRequest)
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	ls, ok := m.live[id]
-	if !ok || ls.ending {
-		m.mu.Unlock()
-		return nil, ErrNotFound
+	// The operation lock keeps a persisted pause or its resume (which
+	// tear down and set up the network) from interleaving with this.
+	ls, unlock, err := m.lockOp(id)
+	if err != nil {
+		return nil, err
 	}
-	rec := ls.rec
+	defer unlock()
+	m.mu.Lock()
+	rec, stopped := ls.rec, ls.stopped
 	m.mu.Unlock()
 	if pol.Mode != egress.ModeNone && rec.Runtime == string(runtime.GVisor) {
 		return nil, invalid(gvisorNoNetwork)
@@ -172,7 +174,9 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req NetworkRequest)
 	if err != nil {
 		return nil, err
 	}
-	if gw != nil {
+	// A persisted sandbox has no processes and no network: the new
+	// policy is recorded and applied when it is resumed.
+	if gw != nil && !stopped {
 		_, has := gw.Link(id)
 		switch {
 		case pol.Mode == egress.ModeNone:
@@ -182,17 +186,31 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req NetworkRequest)
 		case !has:
 			nsPath, err := m.driver.NetNS(ctx, id)
 			if err != nil {
+				if m.endingOrGone(ls) {
+					return nil, ErrNotFound
+				}
 				return nil, &ConflictError{Msg: "cannot add a network to this sandbox: " + err.Error() + "; create it with a network policy instead"}
 			}
 			if _, err := gw.Attach(id, nsPath); err != nil {
+				if m.endingOrGone(ls) {
+					return nil, ErrNotFound
+				}
 				return nil, fmt.Errorf("attach network to %s: %w", id, err)
 			}
 			fallthrough
 		default:
 			if err := m.activateNetwork(id, pol, secrets); err != nil {
+				if m.endingOrGone(ls) {
+					return nil, ErrNotFound
+				}
 				return nil, err
 			}
 		}
+	}
+	if gw != nil && m.endingOrGone(ls) {
+		// Killed meanwhile: what was attached above must not outlive it.
+		m.teardownNetwork(id)
+		return nil, ErrNotFound
 	}
 	eg := store.Egress{Allow: slices.Clone(req.Allow), Secrets: rec.Egress.Secrets}
 	if pol.Mode != egress.ModeAllow {

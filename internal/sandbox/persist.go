@@ -135,7 +135,13 @@ func (m *Manager) restart(ctx context.Context, ls *liveSandbox) error {
 	}
 	m.mu.Lock()
 	ls.stopped = false
+	ended := ls.ending
 	m.mu.Unlock()
+	if ended {
+		// Killed during the restart: end waits for this call and then
+		// stops what it started.
+		return ErrNotFound
+	}
 	m.audit(rec.ID, "sandbox.restarted", map[string]any{"from": rec.Persisted})
 	return nil
 }

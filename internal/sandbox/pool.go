@@ -195,8 +195,9 @@ func (m *Manager) takePooled(template, version string) *pooled {
 	for len(p.idle) > 0 {
 		pd := p.idle[0]
 		p.idle = p.idle[1:]
-		delete(m.pools.ids, pd.id)
 		if pd.rec.TemplateVersion == version && m.driver.Alive(pd.id) {
+			// It stays in ids (the reaper leaves it alone) until the
+			// create has made it live (unpool) or given it up (stopPooled).
 			p.stats.Hits++
 			return pd
 		}
@@ -247,6 +248,13 @@ func (m *Manager) stopPooled(pd *pooled) {
 	}
 	m.pools.mu.Lock()
 	delete(m.pools.ids, pd.id)
+	m.pools.mu.Unlock()
+}
+
+// unpool drops a taken pooled sandbox from the pools' ids once it is live.
+func (m *Manager) unpool(id string) {
+	m.pools.mu.Lock()
+	delete(m.pools.ids, id)
 	m.pools.mu.Unlock()
 }
 

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/corralhq/corral/internal/store"
@@ -75,19 +76,29 @@ func (m *Manager) Reap(ctx context.Context) {
 		}
 		if task != "" && m.cfg.Governor != nil {
 			if t, err := m.cfg.Governor.Get(ctx, task); err == nil && t.State == store.TaskEnded {
-				m.reapOne(ctx, id, task, EndTaskEnded, "its task has ended")
+				m.reapOne(ctx, id, task, EndTaskEnded, "its task has ended", nil)
 				continue
 			}
 		}
 		if m.cfg.IdleTimeout > 0 && !paused && !busy && !last.IsZero() && now.Sub(last) > m.cfg.IdleTimeout {
-			m.reapOne(ctx, id, task, EndIdle, "idle for "+now.Sub(last).Round(time.Second).String())
+			// Checked again as the sandbox is ended: a pause, resume or
+			// command since the reading above cancels it.
+			still := func(ls *liveSandbox) bool {
+				return !ls.paused && ls.running == 0 && ls.lastActive.Equal(last)
+			}
+			m.reapOne(ctx, id, task, EndIdle, "idle for "+now.Sub(last).Round(time.Second).String(), still)
 		}
 	}
 }
 
-func (m *Manager) reapOne(ctx context.Context, id, task, reason, why string) {
-	m.auditTask(id, task, "reaper.reclaimed", map[string]any{"what": "sandbox", "reason": reason, "detail": why})
-	if err := m.end(ctx, id, reason, why); err != nil && err != ErrNotFound {
+// reapOne ends a sandbox for reason, if still (when given) holds.
+func (m *Manager) reapOne(ctx context.Context, id, task, reason, why string, still func(*liveSandbox) bool) {
+	err := m.endIf(ctx, id, reason, why, still)
+	switch {
+	case err == nil:
+		m.auditTask(id, task, "reaper.reclaimed", map[string]any{"what": "sandbox", "reason": reason, "detail": why})
+	case errors.Is(err, ErrNotFound), errors.Is(err, errEndCancelled):
+	default:
 		m.log.Error("reaper: end sandbox", "id", id, "err", err)
 	}
 }
