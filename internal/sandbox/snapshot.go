@@ -67,14 +67,23 @@ func (m *Manager) endingOrGone(ls *liveSandbox) bool {
 	return ls.ending || m.live[ls.rec.ID] != ls
 }
 
+// copyableRecord returns a copy of the record of a sandbox whose files
+// are about to be copied, or errPersisted if its processes are stopped
+// (a persisted pause). The caller holds ls.op.
+func (m *Manager) copyableRecord(ls *liveSandbox) (store.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ls.stopped {
+		return store.Sandbox{}, errPersisted
+	}
+	return *ls.rec, nil
+}
+
 // snapshotLocked is Snapshot for a caller that holds ls.op.
 func (m *Manager) snapshotLocked(ctx context.Context, ls *liveSandbox, name string) (*store.Snapshot, error) {
-	m.mu.Lock()
-	rec := *ls.rec
-	stopped := ls.stopped
-	m.mu.Unlock()
-	if stopped {
-		return nil, errPersisted
+	rec, err := m.copyableRecord(ls)
+	if err != nil {
+		return nil, err
 	}
 	id := rec.ID
 	if m.cfg.SnapshotDir == "" {

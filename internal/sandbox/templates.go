@@ -325,12 +325,9 @@ func (m *Manager) SaveTemplate(ctx context.Context, id, ref string) (*store.Temp
 		return nil, err
 	}
 	defer unlock()
-	m.mu.Lock()
-	rec := *ls.rec
-	stopped := ls.stopped
-	m.mu.Unlock()
-	if stopped {
-		return nil, errPersisted
+	rec, err := m.copyableRecord(ls)
+	if err != nil {
+		return nil, err
 	}
 	parentRef := rec.TemplateVersion
 	if parentRef == "" {

@@ -149,6 +149,26 @@ func countRunc(t *testing.T, id string) int {
 	return 0
 }
 
+// stubbornSandbox starts a sandbox with /home/user/k.txt saying "kept"
+// and a background process that ignores SIGTERM, so stopping it takes
+// the whole kill grace. It is killed when t ends.
+func stubbornSandbox(t *testing.T, c *corral.Client) *corral.Sandbox {
+	t.Helper()
+	ctx := context.Background()
+	sb, err := c.Create(ctx, corral.CreateOptions{Timeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Kill(context.Background(), sb.ID) })
+	if _, err := sb.Run(ctx, "echo kept > /home/user/k.txt", corral.RunOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Start(ctx, "trap '' TERM; while :; do sleep 1; done", corral.RunOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
+
 // TestPersistedPauseIsNotADeath: stopping a sandbox's processes for a
 // persisted pause is not a death. With the death check running every
 // millisecond, a check always lands while the processes stop (a process
@@ -162,17 +182,7 @@ func TestPersistedPauseIsNotADeath(t *testing.T) {
 	})
 	ctx := context.Background()
 	for i := range 3 {
-		sb, err := s.c.Create(ctx, corral.CreateOptions{Timeout: 2 * time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.c.Kill(context.Background(), sb.ID) })
-		if _, err := sb.Run(ctx, "echo kept > /home/user/k.txt", corral.RunOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := sb.Start(ctx, "trap '' TERM; while :; do sleep 1; done", corral.RunOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		sb := stubbornSandbox(t, s.c)
 		if _, err := s.c.PausePersist(ctx, sb.ID); err != nil {
 			t.Fatalf("round %d: persisted pause: %v", i, err)
 		}
@@ -193,17 +203,7 @@ func TestPersistedPauseIsNotADeath(t *testing.T) {
 	// processes waits for it and resumes the sandbox, or, if it came
 	// first, is refused with 409 (not paused) and leaves the pause to
 	// happen; either way the sandbox is whole afterwards.
-	sb, err := s.c.Create(ctx, corral.CreateOptions{Timeout: 2 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.c.Kill(context.Background(), sb.ID) })
-	if _, err := sb.Run(ctx, "echo kept > /home/user/k.txt", corral.RunOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sb.Start(ctx, "trap '' TERM; while :; do sleep 1; done", corral.RunOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	sb := stubbornSandbox(t, s.c)
 	pauseErr := make(chan error, 1)
 	go func() { _, err := s.c.PausePersist(ctx, sb.ID); pauseErr <- err }()
 	_, resumeErr := s.c.Resume(ctx, sb.ID, 0)
