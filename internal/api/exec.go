@@ -125,8 +125,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 		if err != nil || msg == nil {
 			// The stream broke: if the sandbox died under the command (at
-			// its memory limit, say), the command was killed with it.
-			if reason, dead := s.mgr.EndIfDead(r.Context(), id, 3*time.Second); dead {
+			// its memory limit, say), the command was killed with it. A
+			// dying sandbox can take seconds to be gone on a loaded host
+			// (gVisor's sentry in particular); the agent is the sandbox's
+			// init, so a broken stream from a live sandbox is rare and the
+			// wait is only spent then.
+			if reason, dead := s.mgr.EndIfDead(r.Context(), id, 15*time.Second); dead {
 				resp.ExitCode, resp.EndReason = 137, reason
 				break
 			}

@@ -681,12 +681,16 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 			errText = "teardown: " + stopErr.Error()
 		}
 	}
+	// The event is recorded before the record says ended, so that anyone
+	// who reads "ended" finds the event in the audit log.
+	task := m.taskOf(id)
+	m.auditTask(id, task, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
 	if err := m.store.EndSandbox(context.WithoutCancel(ctx), id, reason, errText, time.Now()); err != nil {
+		m.auditTask(id, task, "sandbox.end_unrecorded", map[string]any{"reason": reason, "error": err.Error()})
 		return err
 	}
 	// From here the sandbox has ended; a failed stop is logged and kept
 	// in the record (errText), and the reaper reclaims what it left.
-	task := m.taskOf(id)
 	m.forget(id)
 	m.dropClient(id)
 	m.releaseSandbox(id, task)
@@ -694,7 +698,6 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 		wd.Forget(id)
 	}
 	m.log.Info("sandbox ended", "id", id, "reason", reason)
-	m.auditTask(id, task, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
 	return nil
 }
 

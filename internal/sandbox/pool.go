@@ -308,12 +308,13 @@ func (m *Manager) RefillPools() {
 		}
 	}
 	m.pools.mu.Unlock()
-	for _, pd := range stale {
-		m.stopPooled(pd)
-	}
 	if pressure && len(stale) > 0 {
+		// Recorded first, so that whoever sees the sandboxes gone finds why.
 		m.log.Warn("memory pressure: pools emptied", "stopped", len(stale))
 		m.audit("", "pool.emptied", map[string]any{"reason": "memory_pressure", "stopped": len(stale)})
+	}
+	for _, pd := range stale {
+		m.stopPooled(pd)
 	}
 	for _, j := range jobs {
 		for i := 0; i < j.n && m.capacityLeft() > 1; i++ {

@@ -258,8 +258,10 @@ test('watchDir recursive sees a nested create', T, async (t) => {
   })
   try {
     await sbx.files.makeDir('/home/user/w/nested')
-    // Give the watcher a moment to add the new directory before writing into it.
-    await sleep(300)
+    // The watcher adds the new directory before it reports its creation:
+    // once the event is here, writes into it are watched.
+    await waitUntil('a create event for nested', 15_000, () =>
+      events.some((e) => e.name === 'nested' && e.type === 'create'))
     await sbx.files.write('/home/user/w/nested/f.txt', 'watched')
     await waitUntil('a create event for nested/f.txt', 15_000, () =>
       events.some((e) => e.name === 'nested/f.txt' && e.type === 'create'))

@@ -64,11 +64,11 @@ test('getInfo and kill of an id that never existed', T, async () => {
 test('setTimeout(5000) ends the sandbox soon after', T, async (t) => {
   const sbx = await newSandbox(t)
   const before = await sbx.getInfo()
+  assert.equal(await sbx.isRunning(), true)
   await sbx.setTimeout(5000)
   const info = await sbx.getInfo()
   assert.ok(info.endAt < before.endAt, `endAt not shortened: ${before.endAt.toISOString()} -> ${info.endAt.toISOString()}`)
   assert.ok(info.endAt - Date.now() <= 6_000, `endAt ${info.endAt.toISOString()} is more than 5 s away`)
-  assert.equal(await sbx.isRunning(), true)
   // It must be gone some time after 5 s; the bound is generous on purpose.
   await waitUntil('the sandbox to stop after its timeout', 30_000, async () => !(await sbx.isRunning()), 500)
   const err = await rejection(Sandbox.getInfo(sbx.sandboxId), 'getInfo of an expired sandbox')
@@ -215,8 +215,10 @@ test('getMetrics honours start and end', T, async (t) => {
   const sbx = await newSandbox(t)
   const future = await sbx.getMetrics({ start: new Date(Date.now() + 3_600_000), end: new Date(Date.now() + 7_200_000) })
   assert.deepEqual(future, [], 'a range in the future has no samples')
-  await new Promise((r) => setTimeout(r, 12_000))
-  const all = await sbx.getMetrics()
+  const all = await waitUntil('a series of samples', 60_000, async () => {
+    const ms = await sbx.getMetrics()
+    return ms.length >= 2 ? ms : undefined
+  }, 1_000)
   assert.ok(all.length >= 2, `want a series of samples, got ${all.length}`)
 })
 

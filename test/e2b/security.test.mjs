@@ -6,7 +6,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { Sandbox, AuthenticationError, SandboxError } from 'e2b'
 import {
-  newSandbox, rejection, assertErrorClass, describeError, sleep, accessToken, envdHeaders, rawRpc,
+  newSandbox, rejection, assertErrorClass, describeError, waitUntil, accessToken, envdHeaders, rawRpc,
   parseJSON, SANDBOX_URL, API_URL, ENVD_PORT,
 } from './helpers.mjs'
 
@@ -118,15 +118,17 @@ test('REST error bodies carry a numeric code equal to the status', T, async () =
 
 test('a sandbox killed during a foreground run rejects the run', T, async (t) => {
   const sbx = await newSandbox(t)
-  const run = sbx.commands.run('sleep 60')
+  let out = ''
+  const run = sbx.commands.run('echo started; sleep 60', { onStdout: (d) => { out += d } })
   const settled = run.then(() => ({ ok: true }), (err) => ({ err }))
-  await sleep(1_000)
+  // Killed once the command is known to run.
+  await waitUntil('the command to start', 30_000, () => out.includes('started'))
   assert.equal(await Sandbox.kill(sbx.sandboxId), true)
-  const out = await settled
-  assert.ok(out.err, 'the run resolved after its sandbox was killed')
-  t.diagnostic(`killed-during-run error: ${describeError(out.err)}`)
-  assert.ok(out.err instanceof SandboxError, describeError(out.err))
-  assert.match(out.err.message, /killed|end of life/, describeError(out.err))
+  const res = await settled
+  assert.ok(res.err, 'the run resolved after its sandbox was killed')
+  t.diagnostic(`killed-during-run error: ${describeError(res.err)}`)
+  assert.ok(res.err instanceof SandboxError, describeError(res.err))
+  assert.match(res.err.message, /killed|end of life/, describeError(res.err))
 })
 
 test('a sandbox killed during a background command fails its wait', T, async (t) => {

@@ -87,9 +87,18 @@ func testForkBomb(t *testing.T, rt string) {
 		// platform spends a host task per sandboxed process and does not
 		// enforce RLIMIT_NPROC, so the bomb reaches the host pids limit and
 		// the sandbox ends. The host is unaffected and nothing is left.
-		var sb sandboxJSON
-		call(t, "GET", "/v1/sandboxes/"+id, nil, &sb)
-		if sb.State == "ended" {
+		ended := func() bool {
+			var sb sandboxJSON
+			call(t, "GET", "/v1/sandboxes/"+id, nil, &sb)
+			return sb.State == "ended"
+		}
+		// A sandbox whose sentry is still dying is noticed by the
+		// server's death check: wait until it has ended or answers.
+		waitFor(t, "the gVisor sandbox to end or answer", time.Minute, func() bool {
+			var res execResult
+			return ended() || call(t, "POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"command": "true", "user": "root"}, &res) == 200 && res.ExitCode == 0
+		})
+		if ended() {
 			assertNoTrace(t, id)
 			return
 		}
@@ -170,8 +179,10 @@ func TestKillIsTotal(t *testing.T) { eachRuntime(t, testKillIsTotal) }
 
 func testKillIsTotal(t *testing.T, rt string) {
 	id := create(t, map[string]any{"runtime": rt})
+	// Waits (up to 30 s: gVisor's ptrace platform forks slowly) until both
+	// sleepers run.
 	mustSh(t, id, `setsid sh -c 'trap "" TERM; (trap "" TERM; sleep 100000 &) ; sleep 100000' >/dev/null 2>&1 </dev/null &
-sleep 0.3; pgrep -c sleep`)
+i=0; while [ "$(pgrep -c -x sleep)" -lt 2 ]; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.1; done`, map[string]any{"timeout": 60})
 	g := cgroups.Open("/corral/" + id)
 	pids, err := g.Procs()
 	if err != nil || len(pids) < 3 {

@@ -16,7 +16,8 @@ import (
 func TestPauseResume(t *testing.T) {
 	need(t)
 	id := create(t, nil)
-	mustSh(t, id, "echo kept > /tmp/keep; (setsid sleep 1000 >/dev/null 2>&1 &)")
+	// Waits until the sleeper runs, so that the pause freezes it.
+	mustSh(t, id, "echo kept > /tmp/keep; (setsid sleep 1000 >/dev/null 2>&1 &); i=0; until pgrep -x sleep >/dev/null; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.1; done", map[string]any{"timeout": 60})
 	var sb sandboxJSON
 	if code := call(t, "POST", "/v1/sandboxes/"+id+"/pause", nil, &sb); code != 200 || sb.State != "paused" {
 		t.Fatalf("pause: %d %+v", code, sb)
