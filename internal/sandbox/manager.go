@@ -873,6 +873,23 @@ func (m *Manager) lockOp(id string) (*liveSandbox, func(), error) {
 	return ls, ls.op.Unlock, nil
 }
 
+// endingOrGone reports whether ls is being ended or has ended.
+func (m *Manager) endingOrGone(ls *liveSandbox) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return ls.ending || m.live[ls.rec.ID] != ls
+}
+
+// goneOr is the error to report when a call on ls failed with err: the
+// runtime's error is a consequence when the sandbox was killed during the
+// call, which is then reported as ErrNotFound.
+func (m *Manager) goneOr(ls *liveSandbox, err error) error {
+	if m.endingOrGone(ls) {
+		return ErrNotFound
+	}
+	return err
+}
+
 // Running reports whether id is a running (not paused, not ending)
 // sandbox of this server.
 func (m *Manager) Running(id string) bool {
@@ -914,7 +931,7 @@ func (m *Manager) Pause(ctx context.Context, id string) (*store.Sandbox, error) 
 	m.dropClient(id)
 	if err := m.driver.Pause(ctx, id); err != nil {
 		if m.endingOrGone(ls) {
-			return nil, ErrNotFound // killed during the call
+			return nil, ErrNotFound // killed during the call: nothing to undo
 		}
 		m.mu.Lock()
 		ls.paused = false
@@ -955,10 +972,7 @@ func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*st
 			return nil, err
 		}
 	} else if err := m.driver.Resume(ctx, id); err != nil {
-		if m.endingOrGone(ls) {
-			return nil, ErrNotFound // killed during the call
-		}
-		return nil, err
+		return nil, m.goneOr(ls, err)
 	}
 	m.mu.Lock()
 	if ttl == 0 {

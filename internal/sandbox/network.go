@@ -186,24 +186,15 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req NetworkRequest)
 		case !has:
 			nsPath, err := m.driver.NetNS(ctx, id)
 			if err != nil {
-				if m.endingOrGone(ls) {
-					return nil, ErrNotFound
-				}
-				return nil, &ConflictError{Msg: "cannot add a network to this sandbox: " + err.Error() + "; create it with a network policy instead"}
+				return nil, m.goneOr(ls, &ConflictError{Msg: "cannot add a network to this sandbox: " + err.Error() + "; create it with a network policy instead"})
 			}
 			if _, err := gw.Attach(id, nsPath); err != nil {
-				if m.endingOrGone(ls) {
-					return nil, ErrNotFound
-				}
-				return nil, fmt.Errorf("attach network to %s: %w", id, err)
+				return nil, m.goneOr(ls, fmt.Errorf("attach network to %s: %w", id, err))
 			}
 			fallthrough
 		default:
 			if err := m.activateNetwork(id, pol, secrets); err != nil {
-				if m.endingOrGone(ls) {
-					return nil, ErrNotFound
-				}
-				return nil, err
+				return nil, m.goneOr(ls, err)
 			}
 		}
 	}

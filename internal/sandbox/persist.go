@@ -75,11 +75,8 @@ func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*stor
 	if wd := m.wd.Load(); wd != nil {
 		wd.Forget(id)
 	}
-	m.mu.Lock()
-	ended := ls.ending // killed while it was being paused
-	m.mu.Unlock()
-	if ended {
-		return nil, ErrNotFound
+	if m.endingOrGone(ls) {
+		return nil, ErrNotFound // killed while it was being paused
 	}
 	if err := m.store.SetState(ctx, id, store.StatePaused, time.Now().Add(remaining)); err != nil {
 		return nil, err

@@ -60,13 +60,6 @@ func parentSnapshot(rec *store.Sandbox) string {
 	return rec.Snapshot
 }
 
-// endingOrGone reports whether ls is being ended or has ended.
-func (m *Manager) endingOrGone(ls *liveSandbox) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return ls.ending || m.live[ls.rec.ID] != ls
-}
-
 // copyableRecord returns a copy of the record of a sandbox whose files
 // are about to be copied, or errPersisted if its processes are stopped
 // (a persisted pause). The caller holds ls.op.
@@ -94,10 +87,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, ls *liveSandbox, name stri
 	size, err := m.driver.Snapshot(ctx, id, layer)
 	if err != nil {
 		_ = os.RemoveAll(filepath.Dir(layer))
-		if m.endingOrGone(ls) {
-			return nil, ErrNotFound // killed during the copy
-		}
-		return nil, fmt.Errorf("snapshot %s: %w", id, err)
+		return nil, m.goneOr(ls, fmt.Errorf("snapshot %s: %w", id, err))
 	}
 	tmpl := rec.Template
 	if rec.TemplateVersion != "" {

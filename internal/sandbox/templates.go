@@ -359,10 +359,7 @@ func (m *Manager) SaveTemplate(ctx context.Context, id, ref string) (*store.Temp
 	size, err := m.driver.Snapshot(ctx, id, layer)
 	if err != nil {
 		os.RemoveAll(dir)
-		if m.endingOrGone(ls) {
-			return nil, ErrNotFound // killed during the copy
-		}
-		return nil, fmt.Errorf("save %s: %w", id, err)
+		return nil, m.goneOr(ls, fmt.Errorf("save %s: %w", id, err))
 	}
 	digest, err := layerDigest(parent.Digest, layer)
 	if err != nil {
