@@ -5,11 +5,13 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/server"
 )
 
@@ -64,8 +66,49 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&cfg.EgressLimits.RequestsPerMinute, "egress-rpm", 0, "egress requests/connections per minute per sandbox (default 600)")
 	f.StringVar(&cfg.E2BInternet, "e2b-internet", "none", "network mode of E2B sandboxes created with internet access and no allowOut: none or all-public")
 	f.BoolVar(&cfg.RefuseEnvSecrets, "refuse-env-secrets", false, "refuse sandboxes whose env vars look like secrets (default: accept with a warning)")
+	f.Var(idRangeFlag{&cfg.IDRange}, "uid-range", "host uid/gid range sandboxes map to, BASE[:65536]; must not overlap /etc/subuid, /etc/subgid or a user or group (default: the data dir's, else corral's entry in /etc/subuid, else a free one from 1073741824 up, recorded there)")
+	f.Var(idFilesFlag{&cfg.IDFiles}, "id-files", "read subuid, subgid, passwd and group from DIR instead of /etc (for tests)")
+	_ = f.MarkHidden("id-files")
 	return cmd
 }
+
+// idRangeFlag is a --uid-range BASE[:COUNT] flag.
+type idRangeFlag struct{ r *idrange.Range }
+
+func (f idRangeFlag) String() string {
+	if f.r == nil || f.r.IsZero() {
+		return ""
+	}
+	return f.r.String()
+}
+
+func (f idRangeFlag) Set(s string) error {
+	r, err := idrange.Parse(s)
+	if err != nil {
+		return err
+	}
+	*f.r = r
+	return nil
+}
+
+func (f idRangeFlag) Type() string { return "BASE[:COUNT]" }
+
+// idFilesFlag is a directory holding subuid, subgid, passwd and group.
+type idFilesFlag struct{ f *idrange.Files }
+
+func (f idFilesFlag) String() string {
+	if f.f == nil || f.f.SubUID == "" {
+		return ""
+	}
+	return filepath.Dir(f.f.SubUID)
+}
+
+func (f idFilesFlag) Set(s string) error {
+	*f.f = idrange.InDir(s)
+	return nil
+}
+
+func (f idFilesFlag) Type() string { return "DIR" }
 
 // prefixFlag is a netip.Prefix flag.
 type prefixFlag struct{ p *netip.Prefix }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/corralhq/corral/internal/idrange"
+	"github.com/corralhq/corral/internal/server"
 	"github.com/corralhq/corral/internal/template"
 )
 
@@ -14,6 +16,8 @@ import (
 func newTemplateCmd(g *clientGlobals) *cobra.Command {
 	cmd := &cobra.Command{Use: "template", Short: "Build, import, list, inspect and remove templates"}
 	var cache, mirror string
+	var ids idrange.Range
+	var idFiles idrange.Files
 	build := &cobra.Command{
 		Use:   "build-base",
 		Short: "Build the base template (once; cached by content) and register it as \"base\"",
@@ -23,14 +27,23 @@ ca-certificates and the user "user" (uid 1000, passwordless sudo). The build
 is cached by the digest of its recipe under the template cache; an unchanged
 recipe is never rebuilt. To rebuild the same recipe, stop the server, delete
 the cache directory printed here and run this again. Needs root and
-debootstrap. corral serve runs this on first start.`,
+debootstrap. corral serve runs this on first start. The files are shifted
+into the data dir's uid range (chosen and recorded as corral serve does;
+see --uid-range).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			t, err := template.BuildBase(cmd.Context(), cache, template.BaseOptions{Progress: os.Stderr, Mirror: mirror})
+			data := firstNonEmpty(g.dataDir, os.Getenv("CORRAL_DATA"), "/var/lib/corral")
+			if err := os.MkdirAll(data, 0o711); err != nil {
+				return err
+			}
+			r, err := server.ResolveIDRange(data, ids, idFiles)
 			if err != nil {
 				return err
 			}
-			data := firstNonEmpty(g.dataDir, os.Getenv("CORRAL_DATA"), "/var/lib/corral")
+			t, err := template.BuildBase(cmd.Context(), cache, template.BaseOptions{Progress: os.Stderr, Mirror: mirror, IDBase: r.Base})
+			if err != nil {
+				return err
+			}
 			st, err := template.OpenStore(filepath.Join(data, "templates"))
 			if err != nil {
 				return err
@@ -44,6 +57,9 @@ debootstrap. corral serve runs this on first start.`,
 	}
 	build.Flags().StringVar(&cache, "template-cache", "", "template build cache (default /var/cache/corral/templates or $CORRAL_TEMPLATE_CACHE)")
 	build.Flags().StringVar(&mirror, "mirror", "", "Debian mirror (default "+template.DefaultMirror+")")
+	build.Flags().Var(idRangeFlag{&ids}, "uid-range", "host uid/gid range of the data dir, BASE[:65536] (default: as corral serve picks it)")
+	build.Flags().Var(idFilesFlag{&idFiles}, "id-files", "read subuid, subgid, passwd and group from DIR instead of /etc (for tests)")
+	_ = build.Flags().MarkHidden("id-files")
 	cmd.AddCommand(build)
 	addTemplateClientCmds(cmd, g)
 	return cmd

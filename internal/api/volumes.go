@@ -9,7 +9,6 @@ import (
 
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
-	"github.com/corralhq/corral/internal/template"
 	"github.com/corralhq/corral/internal/volumecontent"
 )
 
@@ -94,7 +93,7 @@ func (s *Server) volumeContent() http.Handler {
 		}
 		return s.mgr.VolumePath(ctx, v)
 	}, volumecontent.Options{
-		HostBase: template.ContainerIDOffset,
+		HostBase: int(s.mgr.IDBase()),
 		OnWrite: func(id, path string, size int64) {
 			if s.cfg.Audit != nil {
 				s.cfg.Audit.Record("", "volume.file_write", map[string]any{"volume": id, "path": path, "bytes": size})

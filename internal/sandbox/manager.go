@@ -127,6 +127,10 @@ type Config struct {
 	SnapshotDir string
 	// TemplateDir holds built and imported template versions.
 	TemplateDir string
+	// IDBase is the base of the server's uid range: the host uid/gid that
+	// sandbox root maps to, which imported templates are shifted to and
+	// volume files are owned from.
+	IDBase uint32
 }
 
 func (c *Config) setDefaults() {

@@ -222,7 +222,7 @@ func (m *Manager) ImportTemplate(ctx context.Context, ref string, src template.I
 	}
 	m.importMu.RLock()
 	defer m.importMu.RUnlock()
-	res, err := template.ImportImage(ctx, m.importsDir(), src, progress)
+	res, err := template.ImportImage(ctx, m.importsDir(), src, m.cfg.IDBase, progress)
 	if err != nil {
 		if errors.Is(err, template.ErrUnsafeLayer) {
 			return nil, invalid("%v", err)

@@ -105,6 +105,11 @@ func (m *Manager) VolumeUsage(v *store.Volume) (used, size int64, err error) {
 	return m.cfg.Volumes.Usage(v.ID)
 }
 
+// IDBase is the host uid/gid that sandbox uid/gid 0 maps to (the base of
+// the server's uid range): volume files of sandbox uid N are owned by host
+// uid IDBase+N.
+func (m *Manager) IDBase() uint32 { return m.cfg.IDBase }
+
 // VolumePath returns the host directory of a volume (mounting it if the
 // host lost the mount), for the volume content API.
 func (m *Manager) VolumePath(ctx context.Context, v *store.Volume) (string, error) {

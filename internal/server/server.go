@@ -28,6 +28,7 @@ import (
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/gateway"
 	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/metrics"
 	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/internal/sandbox"
@@ -106,6 +107,13 @@ type Config struct {
 	// RunawayAction is "sandbox" (default: kill the sandbox) or "command"
 	// (kill its running commands) when the CPU-runaway rule fires.
 	RunawayAction string
+	// IDRange is the host uid/gid range sandboxes map to (zero: the data
+	// dir's recorded range, else corral's entry in /etc/subuid, else a
+	// free range; see ResolveIDRange).
+	IDRange idrange.Range
+	// IDFiles are the subuid, subgid, passwd and group files the range is
+	// checked against and recorded in (zero fields: those in /etc).
+	IDFiles idrange.Files
 	// Log is the server's logger.
 	Log *slog.Logger
 }
@@ -167,7 +175,11 @@ type Server struct {
 	stopWatchdog context.CancelFunc
 
 	templates templateSource
+	idRange   idrange.Range
 }
+
+// IDRange is the host uid/gid range the server's sandboxes map to.
+func (s *Server) IDRange() idrange.Range { return s.idRange }
 
 // Open prepares everything but the listener: it creates the data dir,
 // opens the store, ensures the admin key and base template, and
@@ -182,6 +194,13 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.Chmod(cfg.DataDir, 0o711); err != nil {
 		return nil, err
 	}
+	// Before the store: a data dir with a database and no recorded range
+	// is one made with the legacy range.
+	ids, err := ResolveIDRange(cfg.DataDir, cfg.IDRange, cfg.IDFiles)
+	if err != nil {
+		return nil, err
+	}
+	cfg.IDRange = ids
 	st, err := store.Open(filepath.Join(cfg.DataDir, "corral.db"))
 	if err != nil {
 		return nil, err
@@ -206,7 +225,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
-	drv, err := oci.New(oci.Options{StateDir: filepath.Join(cfg.DataDir, "sandboxes"), AgentBinary: agentBin})
+	drv, err := oci.New(oci.Options{StateDir: filepath.Join(cfg.DataDir, "sandboxes"), AgentBinary: agentBin, UIDBase: ids.Base})
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -267,7 +286,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		OnTrip: func(t *store.Task) { mgr.OnTrip(t) }}, st)
 	// Volumes need loop devices and mkfs.ext4; without them the server
 	// runs and volume calls fail with a clear error.
-	vols, err := volume.New(filepath.Join(cfg.DataDir, "volumes"), template.ContainerIDOffset+1000, template.ContainerIDOffset)
+	vols, err := volume.New(filepath.Join(cfg.DataDir, "volumes"), int(ids.Base)+1000, int(ids.Base))
 	if err != nil {
 		cfg.Log.Warn("volumes unavailable", "err", err)
 		vols = nil
@@ -278,7 +297,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: vols, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
-		TemplateDir: filepath.Join(cfg.DataDir, "template-versions"),
+		TemplateDir: filepath.Join(cfg.DataDir, "template-versions"), IDBase: ids.Base,
 	}, st, drv, templateSource{tmpl}, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
 	mgr.SetWatchdog(wd)
@@ -310,7 +329,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
 		Governor: gov, Metrics: met.Handler()}, mgr, st, cfg.Log)
 	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
-		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}}, nil
+		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}, idRange: ids}, nil
 }
 
 // InstanceTagLen is the length of a server's instance tag: 5 hex digits
@@ -445,16 +464,20 @@ func ensureAdminKey(ctx context.Context, st *store.Store, path string) (string, 
 }
 
 // ensureBase registers the base template, building it (cached by
-// content) when it is missing.
+// content and uid range base) when it is missing. A registered base
+// shifted to another range than the data dir's is refused.
 func ensureBase(ctx context.Context, cfg Config) (*template.Store, error) {
 	ts, err := template.OpenStore(filepath.Join(cfg.DataDir, "templates"))
 	if err != nil {
 		return nil, err
 	}
-	if _, err := ts.Resolve("base"); err == nil {
+	if t, err := ts.Resolve("base"); err == nil {
+		if err := checkTemplateBase(t, cfg.IDRange); err != nil {
+			return nil, err
+		}
 		return ts, nil
 	}
-	t, err := template.BuildBase(ctx, cfg.TemplateCache, template.BaseOptions{Progress: cfg.Progress})
+	t, err := template.BuildBase(ctx, cfg.TemplateCache, template.BaseOptions{Progress: cfg.Progress, IDBase: cfg.IDRange.Base})
 	if err != nil {
 		return nil, err
 	}
@@ -462,6 +485,16 @@ func ensureBase(ctx context.Context, cfg Config) (*template.Store, error) {
 		return nil, err
 	}
 	return ts, nil
+}
+
+// checkTemplateBase refuses a template whose files are shifted to another
+// uid range than the server's: its files would belong to strangers inside
+// the sandbox (and to whoever holds those ids outside).
+func checkTemplateBase(t template.Template, r idrange.Range) error {
+	if t.IDBase != r.Base {
+		return fmt.Errorf("template %s (%s) is owned by the uid range based at %d, but the data dir's range is %s: register a base built for this range (corral template build-base) or use the matching --data dir", t.Name, t.Dir, t.IDBase, r)
+	}
+	return nil
 }
 
 // registerBase records the base template's build as a version of "base"
@@ -549,8 +582,9 @@ func (s *Server) TemplateRootFS(name string) (string, error) {
 // lockDownDirs keeps host users out of the trees that hold files owned by
 // the shifted sandbox root (setuid sudo among them), also on data dirs made
 // by older versions: template builds, imports, snapshot and template
-// layers are root-only; each sandbox's dir is root:100000 mode 0710 (the
-// sandbox's root must reach its rootfs and run dir).
+// layers are root-only; each sandbox's dir is root:BASE mode 0710 (BASE:
+// the uid range's base; the sandbox's root must reach its rootfs and run
+// dir).
 func lockDownDirs(cfg Config) {
 	cache := cfg.TemplateCache
 	if cache == "" {
@@ -567,7 +601,7 @@ func lockDownDirs(cfg Config) {
 	for _, e := range ents {
 		p := filepath.Join(cfg.DataDir, "sandboxes", e.Name())
 		if e.IsDir() {
-			_ = os.Chown(p, 0, template.ContainerIDOffset)
+			_ = os.Chown(p, 0, int(cfg.IDRange.Base))
 			_ = os.Chmod(p, 0o710)
 		}
 	}

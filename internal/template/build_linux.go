@@ -18,11 +18,13 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/corralhq/corral/internal/idrange"
 )
 
 // BuildBase builds the base template (Debian bookworm minbase plus
 // opts.Packages, user "user" with passwordless sudo, ownership shifted by
-// ContainerIDOffset) into cacheDir, or returns the cached build.
+// opts.IDBase) into cacheDir, or returns the cached build.
 //
 // The build dir is <cacheDir>/base-<first 16 hex digits of opts.Digest()>.
 // If it already holds a complete manifest, BuildBase returns it at once
@@ -36,6 +38,9 @@ import (
 func BuildBase(ctx context.Context, cacheDir string, opts BaseOptions) (Template, error) {
 	if cacheDir == "" {
 		cacheDir = DefaultCacheDir()
+	}
+	if err := (idrange.Range{Base: opts.IDBase, Count: idrange.Count}).Validate(); err != nil {
+		return Template{}, fmt.Errorf("build base template: %w", err)
 	}
 	pkgs := opts.packages()
 	if err := validatePackages(pkgs); err != nil {
@@ -153,9 +158,9 @@ func buildBaseInto(ctx context.Context, tmp, final string, opts BaseOptions, pkg
 		return Template{}, err
 	}
 
-	prog.step("shifting ownership by %d", ContainerIDOffset)
-	fmt.Fprintf(logf, "# shift ownership by %d\n", ContainerIDOffset)
-	if err := ShiftOwnership(rootfs, ContainerIDOffset); err != nil {
+	prog.step("shifting ownership by %d", opts.IDBase)
+	fmt.Fprintf(logf, "# shift ownership by %d\n", opts.IDBase)
+	if err := ShiftOwnership(rootfs, int(opts.IDBase)); err != nil {
 		return Template{}, err
 	}
 	size, err := diskUsage(rootfs)
@@ -175,6 +180,7 @@ func buildBaseInto(ctx context.Context, tmp, final string, opts BaseOptions, pkg
 		Suite:         BaseSuite,
 		Mirror:        opts.mirror(),
 		RecipeVersion: RecipeVersion,
+		IDBase:        opts.IDBase,
 	}
 	m.BuildSeconds = m.Created.Sub(start).Seconds()
 	fmt.Fprintf(logf, "# done in %.1fs, %d bytes\n", m.BuildSeconds, size)
@@ -488,8 +494,9 @@ func installBuildDir(ctx context.Context, tmp, final string, m Manifest) error {
 
 // PrivateDir creates dir (and its parents) and makes it accessible to
 // root only. Template trees hold setuid binaries owned by the shifted
-// sandbox root (sudo is setuid 100000): a host user who could reach them
-// could become that uid and change the templates every sandbox mounts.
+// sandbox root (sudo is setuid to the uid range's base): a host user who
+// could reach them could become that uid and change the templates every
+// sandbox mounts.
 // Sandboxes never need the path: their overlay is mounted by root.
 func PrivateDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -41,9 +41,9 @@ func statT(t *testing.T, path string) syscall.Stat_t {
 // TestBuildBase builds the real base template with debootstrap (or reuses
 // the one cached in $CORRAL_TEMPLATE_CACHE / DefaultCacheDir) and checks the
 // properties sandboxes rely on: user "user" uid 1000 with a home owned by
-// host uid 101000, a setuid sudo owned by host uid 100000 (root inside is
-// nobody outside, and sudo still works), python3, and no file owned by a
-// host id below ContainerIDOffset. A second call must return the cached
+// host uid testBase+1000, a setuid sudo owned by host uid testBase (root
+// inside is nobody outside, and sudo still works), python3, and no file
+// owned by a host id below testBase. A second call must return the cached
 // build without running debootstrap.
 func TestBuildBase(t *testing.T) {
 	requireBuilder(t)
@@ -53,7 +53,7 @@ func TestBuildBase(t *testing.T) {
 
 	var out bytes.Buffer
 	start := time.Now()
-	tpl, err := BuildBase(ctx, cacheDir, BaseOptions{Progress: &out})
+	tpl, err := BuildBase(ctx, cacheDir, BaseOptions{Progress: &out, IDBase: testBase})
 	if err != nil {
 		t.Fatalf("BuildBase: %v\nprogress:\n%s", err, out.String())
 	}
@@ -63,7 +63,7 @@ func TestBuildBase(t *testing.T) {
 		t.Logf("progress: %d lines, last: %q", len(lines), lines[len(lines)-1])
 	}
 
-	digest := BaseOptions{}.Digest()
+	digest := BaseOptions{IDBase: testBase}.Digest()
 	if tpl.Digest != digest {
 		t.Errorf("digest = %s, want %s", tpl.Digest, digest)
 	}
@@ -105,14 +105,14 @@ func TestBuildBase(t *testing.T) {
 		uid, gid uint32
 		perm     uint32 // mode & 07777; 0 means do not check
 	}{
-		{"home/user", 101000, 101000, 0o755},
-		{"home/user/.bashrc", 101000, 101000, 0},
-		{"home/user/.profile", 101000, 101000, 0},
-		{"usr/bin/sudo", 100000, 100000, 0o4755},
-		{"etc/sudoers.d/user", 100000, 100000, 0o440},
-		{"run/corral", 100000, 100000, 0o700},
-		{".corral", 100000, 100000, 0o755},
-		{".", 100000, 100000, 0o755},
+		{"home/user", testBase + 1000, testBase + 1000, 0o755},
+		{"home/user/.bashrc", testBase + 1000, testBase + 1000, 0},
+		{"home/user/.profile", testBase + 1000, testBase + 1000, 0},
+		{"usr/bin/sudo", testBase, testBase, 0o4755},
+		{"etc/sudoers.d/user", testBase, testBase, 0o440},
+		{"run/corral", testBase, testBase, 0o700},
+		{".corral", testBase, testBase, 0o755},
+		{".", testBase, testBase, 0o755},
 	}
 	for _, c := range checks {
 		st := statT(t, filepath.Join(root, c.path))
@@ -150,7 +150,7 @@ func TestBuildBase(t *testing.T) {
 			return err
 		}
 		st := statT(t, p)
-		if st.Uid < ContainerIDOffset || st.Gid < ContainerIDOffset {
+		if st.Uid < testBase || st.Gid < testBase {
 			low = append(low, p)
 		}
 		return nil
@@ -161,7 +161,7 @@ func TestBuildBase(t *testing.T) {
 
 	// Cached: must not run debootstrap (the program given does not exist)
 	// and must return the same build.
-	again, err := BuildBase(ctx, cacheDir, BaseOptions{Debootstrap: "/nonexistent/debootstrap"})
+	again, err := BuildBase(ctx, cacheDir, BaseOptions{Debootstrap: "/nonexistent/debootstrap", IDBase: testBase})
 	if err != nil {
 		t.Fatalf("second BuildBase: %v", err)
 	}
@@ -189,7 +189,7 @@ func TestBuildBaseFailureLeavesNothing(t *testing.T) {
 	requireBuilder(t)
 	cacheDir := t.TempDir()
 	var out bytes.Buffer
-	_, err := BuildBase(context.Background(), cacheDir, BaseOptions{Mirror: "http://127.0.0.1:1/debian", Progress: &out})
+	_, err := BuildBase(context.Background(), cacheDir, BaseOptions{Mirror: "http://127.0.0.1:1/debian", Progress: &out, IDBase: testBase})
 	if err == nil {
 		t.Fatal("BuildBase with an unreachable mirror succeeded")
 	}
@@ -233,7 +233,7 @@ func TestBuildBaseCancel(t *testing.T) {
 		time.Sleep(time.Second)
 		cancel()
 	}()
-	_, err := BuildBase(ctx, cacheDir, BaseOptions{Mirror: srv.URL + "/debian", Progress: &out})
+	_, err := BuildBase(ctx, cacheDir, BaseOptions{Mirror: srv.URL + "/debian", Progress: &out, IDBase: testBase})
 	if err == nil {
 		t.Fatal("cancelled BuildBase succeeded")
 	}
@@ -275,7 +275,7 @@ func TestBuildBaseConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[i], errs[i] = BuildBase(context.Background(), DefaultCacheDir(), BaseOptions{})
+			res[i], errs[i] = BuildBase(context.Background(), DefaultCacheDir(), BaseOptions{IDBase: testBase})
 		}()
 	}
 	wg.Wait()

@@ -18,6 +18,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
+
+	"github.com/corralhq/corral/internal/idrange"
 )
 
 // ImportImage imports an OCI or Docker image as a build dir in cacheDir,
@@ -28,10 +30,12 @@ import (
 // (linux/amd64 on amd64) is picked. The build dir is
 // <cacheDir>/import-<first 16 hex digits of the image's manifest digest>
 // and holds rootfs/ (the layers flattened in order, OCI whiteouts applied,
-// ownership shifted by ContainerIDOffset), layers.json (digest, source,
+// ownership shifted by idBase, the base of the server's uid range),
+// layers.json (digest, source,
 // image config and per-layer sizes), build.log (the progress lines) and
-// manifest.json (Name ImportName, Digest the hex manifest digest), written
-// last. If that dir already holds a complete import, ImportImage returns it
+// manifest.json (Name ImportName, Digest the hex manifest digest, IDBase),
+// written last. If that dir already holds a complete import for idBase,
+// ImportImage returns it
 // without extracting anything. Otherwise it extracts into a temporary
 // directory next to it, syncs the filesystem and renames that into place;
 // on any failure, including a cancelled ctx or a refused layer, the
@@ -42,7 +46,7 @@ import (
 // Security: layers are untrusted. An entry with an absolute path or a ".."
 // component, a hardlink whose target is not a path inside the image, an
 // entry (or whiteout, or hardlink target) reached through a symbolic link
-// that an earlier entry planted, and an owner outside 0..ContainerIDCount-1
+// that an earlier entry planted, and an owner outside 0..idrange.Count-1
 // are refused with an error wrapping ErrUnsafeLayer: every path component
 // is checked with lstat(2) and new files are created with O_EXCL|O_NOFOLLOW
 // after removing whatever was there, so no entry can make the import read,
@@ -53,8 +57,11 @@ import (
 // security.capability is kept (made namespaced by ShiftOwnership).
 //
 // Progress lines ("[import] ...") go to progress, which may be nil.
-func ImportImage(ctx context.Context, cacheDir string, src ImportSource, progress io.Writer) (ImportResult, error) {
+func ImportImage(ctx context.Context, cacheDir string, src ImportSource, idBase uint32, progress io.Writer) (ImportResult, error) {
 	if err := src.validate(); err != nil {
+		return ImportResult{}, fmt.Errorf("import image: %w", err)
+	}
+	if err := (idrange.Range{Base: idBase, Count: idrange.Count}).Validate(); err != nil {
 		return ImportResult{}, fmt.Errorf("import image: %w", err)
 	}
 	if cacheDir == "" {
@@ -84,7 +91,7 @@ func ImportImage(ctx context.Context, cacheDir string, src ImportSource, progres
 	name := importDirName(h.Hex)
 	final := filepath.Join(cacheDir, name)
 
-	if res, err := openImport(final, h); err == nil {
+	if res, err := openImport(final, h, idBase); err == nil {
 		log.printf("reusing %s (%s)", name, h)
 		return res, nil
 	}
@@ -101,7 +108,7 @@ func ImportImage(ctx context.Context, cacheDir string, src ImportSource, progres
 
 	// Another process may have finished the import while we waited.
 	if _, err := os.Lstat(final); err == nil {
-		res, err := openImport(final, h)
+		res, err := openImport(final, h, idBase)
 		if err != nil {
 			return ImportResult{}, fmt.Errorf("import image: %s exists but is not a complete import (remove it to import again): %w", final, err)
 		}
@@ -120,7 +127,7 @@ func ImportImage(ctx context.Context, cacheDir string, src ImportSource, progres
 	if err != nil {
 		return ImportResult{}, fmt.Errorf("import image %s: %w", src.describe(), err)
 	}
-	res, err := importInto(ctx, img, h, src, tmp, final, log)
+	res, err := importInto(ctx, img, h, src, idBase, tmp, final, log)
 	if err != nil {
 		if rerr := removeTree(tmp); rerr != nil {
 			err = fmt.Errorf("%w (and removing the partial import failed: %v)", err, rerr)
@@ -133,14 +140,17 @@ func ImportImage(ctx context.Context, cacheDir string, src ImportSource, progres
 }
 
 // openImport opens the imported build dir dir and checks it holds the image
-// with manifest digest h.
-func openImport(dir string, h v1.Hash) (ImportResult, error) {
+// with manifest digest h, shifted to idBase.
+func openImport(dir string, h v1.Hash, idBase uint32) (ImportResult, error) {
 	m, err := ReadManifest(dir)
 	if err != nil {
 		return ImportResult{}, err
 	}
 	if m.Digest != h.Hex {
 		return ImportResult{}, fmt.Errorf("template %s has digest %s, want %s", dir, m.Digest, h.Hex)
+	}
+	if m.idBase() != idBase {
+		return ImportResult{}, fmt.Errorf("template %s is owned by uid range base %d, want %d", dir, m.idBase(), idBase)
 	}
 	rec, err := readImportRecord(dir)
 	if err != nil {
@@ -153,7 +163,7 @@ func openImport(dir string, h v1.Hash) (ImportResult, error) {
 }
 
 // importInto extracts img into tmp and renames tmp to final.
-func importInto(ctx context.Context, img v1.Image, h v1.Hash, src ImportSource, tmp, final string, log *importLog) (ImportResult, error) {
+func importInto(ctx context.Context, img v1.Image, h v1.Hash, src ImportSource, idBase uint32, tmp, final string, log *importLog) (ImportResult, error) {
 	start := time.Now()
 	logf, err := os.OpenFile(filepath.Join(tmp, BuildLogFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -212,8 +222,8 @@ func importInto(ctx context.Context, img v1.Image, h v1.Hash, src ImportSource, 
 		return ImportResult{}, err
 	}
 
-	log.printf("shifting ownership by %d", ContainerIDOffset)
-	if err := ShiftOwnership(rootfs, ContainerIDOffset); err != nil {
+	log.printf("shifting ownership by %d", idBase)
+	if err := ShiftOwnership(rootfs, int(idBase)); err != nil {
 		return ImportResult{}, err
 	}
 	size, files, _, err := scanTree(rootfs, 0)
@@ -240,6 +250,7 @@ func importInto(ctx context.Context, img v1.Image, h v1.Hash, src ImportSource, 
 		Created:       time.Now().UTC(),
 		Packages:      []string{},
 		RecipeVersion: importFormatVersion,
+		IDBase:        idBase,
 	}
 	m.BuildSeconds = m.Created.Sub(start).Seconds()
 	log.printf("imported %d layers, %d files, %s in %.1fs", len(layers), files, formatBytes(size), m.BuildSeconds)
@@ -254,7 +265,7 @@ func importInto(ctx context.Context, img v1.Image, h v1.Hash, src ImportSource, 
 		return ImportResult{}, err
 	}
 	log.printf("done: %s", final)
-	return openImport(final, h)
+	return openImport(final, h, idBase)
 }
 
 // Inspect reports the size of the build dir dir, its n largest regular
@@ -548,8 +559,8 @@ func (x *extractor) entry(hdr *tar.Header, r io.Reader, st *layerStats) error {
 		x.devices++
 		return nil
 	}
-	if hdr.Uid < 0 || hdr.Uid >= ContainerIDCount || hdr.Gid < 0 || hdr.Gid >= ContainerIDCount {
-		return unsafef("owner %d:%d is outside the container id range 0-%d", hdr.Uid, hdr.Gid, ContainerIDCount-1)
+	if hdr.Uid < 0 || hdr.Uid >= idrange.Count || hdr.Gid < 0 || hdr.Gid >= idrange.Count {
+		return unsafef("owner %d:%d is outside the container id range 0-%d", hdr.Uid, hdr.Gid, idrange.Count-1)
 	}
 	if rel == "" {
 		if hdr.Typeflag != tar.TypeDir {

@@ -9,7 +9,7 @@ import (
 
 // ImportImage imports an OCI image as a build dir; it is only implemented
 // on Linux.
-func ImportImage(ctx context.Context, cacheDir string, src ImportSource, progress io.Writer) (ImportResult, error) {
+func ImportImage(ctx context.Context, cacheDir string, src ImportSource, idBase uint32, progress io.Writer) (ImportResult, error) {
 	return ImportResult{}, errNotLinux
 }
 

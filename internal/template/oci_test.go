@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corralhq/corral/internal/idrange"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -244,7 +245,7 @@ func readT(t *testing.T, path string) string {
 func checkFlattened(t *testing.T, res ImportResult) {
 	t.Helper()
 	root := filepath.Join(res.Dir, RootFSDir)
-	const off = ContainerIDOffset
+	const off = testBase
 
 	files := []struct {
 		path     string
@@ -332,7 +333,7 @@ func checkFlattened(t *testing.T, res ImportResult) {
 			return err
 		}
 		st := lstatT(t, p)
-		if st.Uid < off || st.Gid < off || st.Uid >= off+ContainerIDCount || st.Gid >= off+ContainerIDCount {
+		if st.Uid < off || st.Gid < off || st.Uid >= off+idrange.Count || st.Gid >= off+idrange.Count {
 			t.Errorf("%s: owner %d:%d outside the shifted range", p, st.Uid, st.Gid)
 		}
 		return nil
@@ -511,7 +512,7 @@ func TestImportImage(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cacheDir := t.TempDir()
 			var out bytes.Buffer
-			res, err := ImportImage(context.Background(), cacheDir, tt.src(t), &out)
+			res, err := ImportImage(context.Background(), cacheDir, tt.src(t), testBase, &out)
 			if err != nil {
 				t.Fatalf("ImportImage: %v\nprogress:\n%s", err, out.String())
 			}
@@ -591,7 +592,7 @@ func TestImportPicksHostPlatform(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			res, err := ImportImage(context.Background(), t.TempDir(), tt.src(t), nil)
+			res, err := ImportImage(context.Background(), t.TempDir(), tt.src(t), testBase, nil)
 			if err != nil {
 				t.Fatalf("ImportImage: %v", err)
 			}
@@ -712,7 +713,7 @@ func TestImportRefusesHostileLayers(t *testing.T) {
 
 			img, _ := buildImage(t, tt.layers(victim))
 			src := ImportSource{Layout: writeLayout(t, img)}
-			res, err := ImportImage(context.Background(), cacheDir, src, nil)
+			res, err := ImportImage(context.Background(), cacheDir, src, testBase, nil)
 			if err == nil {
 				t.Fatalf("ImportImage succeeded (%s), want an error containing %q", res.Dir, tt.wantErr)
 			}
@@ -782,7 +783,7 @@ func TestImportKeepsSymlinksInsteadOfFollowing(t *testing.T) {
 		{symE("file", secret), symE("dir", victim), symE("fifo", secret), symE("link", secret), regE("target", "t", 0o644)},
 		{regE("file", "mine", 0o666), dirE("dir/", 0o777), {hdr: tar.Header{Name: "fifo", Typeflag: tar.TypeFifo, Mode: 0o666}}, hardE("link", "target")},
 	})
-	res, err := ImportImage(context.Background(), filepath.Join(base, "cache"), ImportSource{Layout: writeLayout(t, img)}, nil)
+	res, err := ImportImage(context.Background(), filepath.Join(base, "cache"), ImportSource{Layout: writeLayout(t, img)}, testBase, nil)
 	if err != nil {
 		t.Fatalf("ImportImage: %v", err)
 	}
@@ -816,7 +817,7 @@ func TestImportReuses(t *testing.T) {
 	requireRoot(t)
 	img, _ := buildImage(t, flattenLayers())
 	cacheDir := t.TempDir()
-	first, err := ImportImage(context.Background(), cacheDir, ImportSource{Layout: writeLayout(t, img)}, nil)
+	first, err := ImportImage(context.Background(), cacheDir, ImportSource{Layout: writeLayout(t, img)}, testBase, nil)
 	if err != nil {
 		t.Fatalf("first import: %v", err)
 	}
@@ -834,7 +835,7 @@ func TestImportReuses(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out bytes.Buffer
-			res, err := ImportImage(context.Background(), cacheDir, tt.src, &out)
+			res, err := ImportImage(context.Background(), cacheDir, tt.src, testBase, &out)
 			if err != nil {
 				t.Fatalf("ImportImage: %v", err)
 			}
@@ -857,7 +858,7 @@ func TestInspect(t *testing.T) {
 	requireRoot(t)
 	layers := flattenLayers()
 	img, ls := buildImage(t, layers)
-	res, err := ImportImage(context.Background(), t.TempDir(), ImportSource{Layout: writeLayout(t, img)}, nil)
+	res, err := ImportImage(context.Background(), t.TempDir(), ImportSource{Layout: writeLayout(t, img)}, testBase, nil)
 	if err != nil {
 		t.Fatalf("ImportImage: %v", err)
 	}
@@ -967,7 +968,7 @@ func TestImportSourceErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cacheDir := t.TempDir()
-			_, err := ImportImage(tt.ctx, cacheDir, tt.src, nil)
+			_, err := ImportImage(tt.ctx, cacheDir, tt.src, testBase, nil)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
 			}
@@ -1021,7 +1022,7 @@ func TestImportFileCapabilities(t *testing.T) {
 	ping := regE("bin/ping", "elf", 0o755)
 	ping.hdr.PAXRecords = map[string]string{"SCHILY.xattr." + capXattrName: string(v2)}
 	img, _ := buildImage(t, [][]entry{{ping}})
-	res, err := ImportImage(context.Background(), t.TempDir(), ImportSource{Layout: writeLayout(t, img)}, nil)
+	res, err := ImportImage(context.Background(), t.TempDir(), ImportSource{Layout: writeLayout(t, img)}, testBase, nil)
 	if err != nil {
 		t.Fatalf("ImportImage: %v", err)
 	}
@@ -1029,11 +1030,11 @@ func TestImportFileCapabilities(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := namespacedCaps(v2, ContainerIDOffset)
+	want, err := namespacedCaps(v2, testBase)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Errorf("security.capability %x, want %x (v3, root %d)", got, want, ContainerIDOffset)
+		t.Errorf("security.capability %x, want %x (v3, root %d)", got, want, testBase)
 	}
 }

@@ -56,8 +56,8 @@ install -d -m 0700 -o root -g root /run/corral
 install -d -m 0755 -o root -g root /.corral
 `
 
-// BaseOptions configures BuildBase. The zero value builds the default base
-// template from DefaultMirror.
+// BaseOptions configures BuildBase. With only IDBase set it builds the
+// default base template from DefaultMirror.
 type BaseOptions struct {
 	// Mirror is the Debian mirror URL; empty means DefaultMirror.
 	Mirror string
@@ -70,6 +70,9 @@ type BaseOptions struct {
 	// Debootstrap is the debootstrap program; empty means "debootstrap"
 	// looked up in PATH, /usr/sbin and /sbin.
 	Debootstrap string
+	// IDBase is the base of the server's uid range: the host uid/gid the
+	// files' container id 0 is shifted to (required; see package idrange).
+	IDBase uint32
 }
 
 func (o BaseOptions) mirror() string {
@@ -92,14 +95,14 @@ func (o BaseOptions) packages() []string {
 }
 
 // Digest returns the hex sha256 of the build recipe o describes: recipe
-// version, suite, mirror, package list and setup script. Builds with the
+// version, suite, mirror, uid base, package list and setup script. Builds with the
 // same digest are interchangeable, so BuildBase caches by it.
 func (o BaseOptions) Digest() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "corral-base-recipe\x00%d\x00", RecipeVersion)
 	fmt.Fprintf(h, "suite\x00%s\x00variant\x00minbase\x00", BaseSuite)
 	fmt.Fprintf(h, "mirror\x00%s\x00", o.mirror())
-	fmt.Fprintf(h, "offset\x00%d\x00", ContainerIDOffset)
+	fmt.Fprintf(h, "offset\x00%d\x00", o.IDBase)
 	for _, p := range o.packages() {
 		fmt.Fprintf(h, "package\x00%s\x00", p)
 	}

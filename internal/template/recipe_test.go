@@ -3,7 +3,14 @@ package template
 import (
 	"regexp"
 	"testing"
+
+	"github.com/corralhq/corral/internal/idrange"
 )
+
+// testBase is the uid range base of the builds made by the tests: the one
+// a server picks on a host with no delegated ids, so that the shared cache
+// holds one build for the template tests and the integration tests.
+const testBase = idrange.SearchBase
 
 // TestDigest checks that the recipe digest is stable (so the cache hits)
 // and changes with anything that changes the build (so the cache misses).
@@ -28,6 +35,7 @@ func TestDigest(t *testing.T) {
 		{"fewer packages", BaseOptions{Packages: DefaultBasePackages()[1:]}, false},
 		{"no packages", BaseOptions{Packages: []string{}}, false},
 		{"other mirror", BaseOptions{Mirror: "http://ftp.de.debian.org/debian"}, false},
+		{"other uid range base", BaseOptions{IDBase: 300000}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

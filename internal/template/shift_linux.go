@@ -10,12 +10,14 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corralhq/corral/internal/idrange"
 )
 
 // ShiftOwnership adds offset to the uid and gid of every file under root,
 // root included, without following symbolic links, so that a tree owned by
 // container ids 0..65535 becomes owned by the host ids a user namespace maps
-// them to (see ContainerIDOffset).
+// them to (offset: the base of the server's uid range, see package idrange).
 //
 // Security: this is what makes "root inside is nobody outside" hold for the
 // template's files. chown(2) clears the setuid and setgid bits and drops file
@@ -47,8 +49,8 @@ func ShiftOwnership(root string, offset int) error {
 			}
 			seen[key] = true
 		}
-		if st.Uid >= ContainerIDCount || st.Gid >= ContainerIDCount {
-			return fmt.Errorf("%s: owner %d:%d is outside the container id range 0-%d (already shifted?)", path, st.Uid, st.Gid, ContainerIDCount-1)
+		if st.Uid >= idrange.Count || st.Gid >= idrange.Count {
+			return fmt.Errorf("%s: owner %d:%d is outside the container id range 0-%d (already shifted?)", path, st.Uid, st.Gid, idrange.Count-1)
 		}
 		isLink := st.Mode&syscall.S_IFMT == syscall.S_IFLNK
 		var capXattr []byte

@@ -6,9 +6,12 @@
 // digest of their build recipe, and registered by name in a Store.
 //
 // Sandboxes run in a user namespace that maps container uid/gid 0-65535 to
-// host ids ContainerIDOffset and up, so every file of a template is stored
-// with its ownership shifted by ContainerIDOffset (see ShiftOwnership): root
-// inside a sandbox owns the template's files, and is nobody outside it.
+// the host ids of the server's uid range (see package idrange), so every
+// file of a template is stored with its ownership shifted by the range's
+// base (see ShiftOwnership): root inside a sandbox owns the template's
+// files, and is nobody outside it. A build is made for one base: the base
+// is part of the recipe digest (so builds for two ranges coexist in one
+// cache) and is recorded in the manifest.
 //
 // On-disk layout of one built template (a "build dir"):
 //
@@ -26,15 +29,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"time"
+
+	"github.com/corralhq/corral/internal/idrange"
 )
-
-// ContainerIDOffset is the host uid/gid that container uid/gid 0 maps to.
-// Template files are stored with their ownership shifted by this amount.
-const ContainerIDOffset = 100000
-
-// ContainerIDCount is the number of container uids/gids mapped to the host
-// (container ids 0..ContainerIDCount-1).
-const ContainerIDCount = 65536
 
 // Names of the files and directories inside a build dir.
 const (
@@ -96,6 +93,8 @@ type Template struct {
 	Size int64 `json:"size"`
 	// Created is when the build finished.
 	Created time.Time `json:"created"`
+	// IDBase is the host uid/gid the files' container id 0 is shifted to.
+	IDBase uint32 `json:"id_base"`
 }
 
 // Manifest is the JSON document stored as manifest.json in a build dir.
@@ -120,6 +119,17 @@ type Manifest struct {
 	RecipeVersion int `json:"recipe_version,omitempty"`
 	// BuildSeconds is how long the build took.
 	BuildSeconds float64 `json:"build_seconds,omitempty"`
+	// IDBase is the host uid/gid the files' container id 0 was shifted to
+	// (0 in builds made before it was recorded: idrange.LegacyBase).
+	IDBase uint32 `json:"id_base,omitempty"`
+}
+
+// idBase is the base the build's files are shifted to.
+func (m Manifest) idBase() uint32 {
+	if m.IDBase == 0 {
+		return idrange.LegacyBase
+	}
+	return m.IDBase
 }
 
 // ReadManifest reads and checks the manifest of the build dir dir. It fails
@@ -195,6 +205,7 @@ func templateFromDir(name, dir string) (Template, error) {
 		Dir:     abs,
 		Size:    m.Size,
 		Created: m.Created,
+		IDBase:  m.idBase(),
 	}, nil
 }
 

@@ -47,6 +47,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/corralhq/corral/internal/idrange"
 )
 
 // Errors a Resolver returns to make the handler answer 404 and 401.
@@ -75,7 +77,7 @@ const (
 	// uid or gid: the sandbox user "user" of corral's templates.
 	DefaultUID, DefaultGID = 1000, 1000
 	// MaxID is the largest sandbox uid or gid the API accepts.
-	MaxID = 65535
+	MaxID = idrange.Count - 1
 	// OverflowID is reported for an owner on disk that is not a shifted
 	// sandbox id, as the kernel does for unmapped ids.
 	OverflowID = 65534
@@ -92,7 +94,7 @@ const (
 type Options struct {
 	// HostBase shifts ownership: uids/gids the API shows and accepts are
 	// sandbox uids (0..65535); on disk they are HostBase+uid (corral uses
-	// 100000). Negative values are treated as 0.
+	// the base of its uid range). Negative values are treated as 0.
 	HostBase int
 	// MaxFileBytes bounds an upload; a larger PUT gets 413. Zero or
 	// negative means DefaultMaxFileBytes.

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corralhq/corral/internal/runtime/oci"
+	"github.com/corralhq/corral/internal/idrange"
 	corral "github.com/corralhq/corral/sdk/go"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -333,7 +333,8 @@ func (r *rawRunc) cmd(args ...string) *exec.Cmd {
 //
 // The spec is the smallest one that runs the template the way corral does,
 // so the baseline pays for the same rootfs and namespaces. The template's
-// files belong to host uid 100000 (corral's sandbox root), so it uses the
+// files belong to the base of the server's uid range (corral's sandbox
+// root; read from the rootfs' owner), so it uses the
 // user-namespace variant: container root mapped to that uid like in
 // corral's spec (rather than host root without a user namespace), with
 // pid, ipc, uts, mount and network namespaces, the root read-only and
@@ -347,7 +348,7 @@ func (r *rawRunc) bundle(b *testing.B, name string, args ...string) string {
 	if err := syscall.Stat(r.rootfs, &st); err != nil {
 		b.Fatal(err)
 	}
-	idmap := []specs.LinuxIDMapping{{ContainerID: 0, HostID: st.Uid, Size: oci.IDRange}}
+	idmap := []specs.LinuxIDMapping{{ContainerID: 0, HostID: st.Uid, Size: idrange.Count}}
 	ro := []string{"nosuid", "noexec", "nodev", "ro"}
 	spec := &specs.Spec{
 		Version: specs.Version,

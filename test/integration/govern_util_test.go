@@ -275,7 +275,15 @@ type serveProc struct {
 // shared template cache (CORRAL_TEMPLATE_CACHE or its default).
 func startServe(t *testing.T, data, addr string, extra ...string) *serveProc {
 	t.Helper()
-	args := append([]string{"serve", "--data", data, "--listen", addr}, extra...)
+	// The uid range is recorded in copies of /etc's files, kept across
+	// restarts of the same data dir.
+	etc := data + ".etc"
+	if _, err := os.Stat(etc); err != nil {
+		if _, err := testserver.CopyIDFiles(etc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := append([]string{"serve", "--data", data, "--listen", addr, "--id-files", etc}, extra...)
 	p := &serveProc{log: &syncBuffer{}, url: "http://" + addr, done: make(chan struct{})}
 	p.cmd = exec.Command(env.bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log

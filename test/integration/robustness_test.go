@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/corralhq/corral/internal/cgroups"
 	"github.com/corralhq/corral/internal/server"
+	"github.com/corralhq/corral/test/testserver"
 )
 
 // TestBadInput: malformed, oversized or out-of-range requests get a 4xx
@@ -160,7 +162,7 @@ func hostSnapshot(t *testing.T) map[string]int {
 		"netns (ip netns)":          count("ip netns list | wc -l"),
 		"links (ip link)":           count("ip -o link | wc -l"),
 		"runc containers":           count("runc --root "+runcRoot(env.dataDir)+" list -q | wc -l") - running,
-		"processes of sandbox uids": count("ps -eo uid= | awk '$1>=100000 && $1<165536' | wc -l"),
+		"processes of sandbox uids": count(fmt.Sprintf("ps -eo uid= | awk '$1>=%d && $1<%d' | wc -l", env.srv.IDRange().Base, env.srv.IDRange().End())),
 		"zombies":                   count("ps -eo stat= | grep -c '^Z' || true"),
 		"sandbox nftables rules":    count("nft list chain inet " + nftTable() + " sandbox_antispoof | grep -c ' drop' || true"),
 	}
@@ -203,8 +205,12 @@ func TestRestartReconcile(t *testing.T) {
 		os.Chmod(d, 0o711) // sandbox root must traverse to its rootfs
 	}
 	data := filepath.Join(tmp, "data")
+	ids, err := testserver.CopyIDFiles(filepath.Join(tmp, "etc"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	open := func() (*server.Server, *httptest.Server) {
-		s, err := server.Open(ctx, server.Config{DataDir: data, AgentBinary: env.bin,
+		s, err := server.Open(ctx, server.Config{DataDir: data, AgentBinary: env.bin, IDFiles: ids,
 			Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		if err != nil {
 			t.Fatal(err)

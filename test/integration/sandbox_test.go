@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -14,7 +15,8 @@ import (
 
 // TestUsersAndUserNamespace checks that code runs as uid 1000 by default,
 // as root on request, that sudo works for user, and that sandbox root is
-// an unprivileged host uid (100000) through the user namespace.
+// an unprivileged host uid (the base of the server's uid range) through
+// the user namespace.
 func TestUsersAndUserNamespace(t *testing.T) {
 	need(t)
 	id := create(t, nil)
@@ -26,7 +28,7 @@ func TestUsersAndUserNamespace(t *testing.T) {
 		{"default user", "id -un; id -u; pwd", nil, "user\n1000\n/home/user\n"},
 		{"root on request", "id -u", map[string]any{"user": "root"}, "0\n"},
 		{"passwordless sudo", "sudo -n id -u", nil, "0\n"},
-		{"root maps to host 100000", "cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'", nil, "0 100000 65536\n"},
+		{"root maps to the range's base", "cat /proc/self/uid_map | tr -s ' ' | sed 's/^ //'", nil, fmt.Sprintf("0 %d 65536\n", env.srv.IDRange().Base)},
 		{"python3 and python", "python3 -c 'print(1)'; python -c 'print(2)'", nil, "1\n2\n"},
 		{"argv without shell", "", nil, ""},
 	}

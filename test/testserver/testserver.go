@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/server"
 	"github.com/corralhq/corral/internal/watchdog"
 )
@@ -71,7 +72,13 @@ func StartWith(cmdDir string, level slog.Level, configure func(*server.Config)) 
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("build corral: %v: %s", err, b)
 	}
+	ids, err := CopyIDFiles(filepath.Join(tmp, "etc"))
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
 	cfg := server.Config{
+		IDFiles: ids,
 		DataDir: s.DataDir, AgentBinary: s.Bin, Progress: os.Stderr, MaxOutput: 64 << 10,
 		KillOnShutdown: true, MaxSandboxes: 20,
 		// Some attack tests burn CPU for longer than the default 30 s
@@ -91,6 +98,27 @@ func StartWith(cmdDir string, level slog.Level, configure func(*server.Config)) 
 	s.http = httptest.NewServer(s.Srv.Handler)
 	s.URL, s.Key = s.http.URL, s.Srv.AdminKey
 	return s, nil
+}
+
+// CopyIDFiles copies the host's /etc/subuid, /etc/subgid, /etc/passwd and
+// /etc/group into dir and returns their names there: a test server checks
+// its uid range against the host's real delegations and users but records
+// its own entry in the copies, never in /etc (the real corral serve does).
+func CopyIDFiles(dir string) (idrange.Files, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return idrange.Files{}, err
+	}
+	f := idrange.InDir(dir)
+	for src, dst := range map[string]string{"/etc/subuid": f.SubUID, "/etc/subgid": f.SubGID, "/etc/passwd": f.Passwd, "/etc/group": f.Group} {
+		b, err := os.ReadFile(src)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return idrange.Files{}, err
+		}
+		if err := os.WriteFile(dst, b, 0o644); err != nil {
+			return idrange.Files{}, err
+		}
+	}
+	return f, nil
 }
 
 // Close kills every sandbox, stops the server, unmounts the volumes a

@@ -20,6 +20,7 @@ import (
 
 	"github.com/containerd/go-runc"
 	"github.com/corralhq/corral/internal/cgroups"
+	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/runtime"
 	"golang.org/x/sys/unix"
 )
@@ -35,7 +36,8 @@ type Options struct {
 	RuncPath, RunscPath string
 	// RunscPlatform is gVisor's platform (default "ptrace": no KVM needed).
 	RunscPlatform string
-	// UIDBase is the host uid (and gid) that sandbox root maps to.
+	// UIDBase is the host uid (and gid) that sandbox root maps to: the
+	// base of the server's uid range (required; see package idrange).
 	UIDBase uint32
 	// StartTimeout bounds how long Start waits for the agent (default 20 s).
 	StartTimeout time.Duration
@@ -56,9 +58,6 @@ func RuntimeRoot(stateDir string, rt runtime.Runtime) string {
 	sum := sha256.Sum256([]byte(abs))
 	return filepath.Join("/run/corral", hex.EncodeToString(sum[:6]), string(rt))
 }
-
-// IDRange is the number of uids and gids mapped into a sandbox.
-const IDRange = 65536
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,39}$`)
 
@@ -84,8 +83,8 @@ func New(o Options) (*Driver, error) {
 	if o.StateDir == "" || o.AgentBinary == "" {
 		return nil, errors.New("oci driver: StateDir and AgentBinary are required")
 	}
-	if o.UIDBase == 0 {
-		o.UIDBase = 100000
+	if err := (idrange.Range{Base: o.UIDBase, Count: idrange.Count}).Validate(); err != nil {
+		return nil, fmt.Errorf("oci driver: %w", err)
 	}
 	if o.RunscPlatform == "" {
 		o.RunscPlatform = "ptrace"
@@ -164,7 +163,7 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	}
 	spec, err := buildSpec(specInput{
 		cfg: cfg, rootfs: rootfs, runDir: runDir, agentBin: d.opts.AgentBinary,
-		uidBase: d.opts.UIDBase, idRange: IDRange, cgroupDir: d.cgroupPath(cfg.ID),
+		uidBase: d.opts.UIDBase, idRange: idrange.Count, cgroupDir: d.cgroupPath(cfg.ID),
 	})
 	if err != nil {
 		return nil, err
