@@ -352,8 +352,9 @@ func testOutputBounded(t *testing.T, rt string) {
 
 // TestHostUsersCannotReachSandboxFiles: template trees and each sandbox's
 // files hold setuid binaries owned by the shifted sandbox root (sudo is
-// setuid to the uid range's base); an unprivileged host user must not reach them, or they
-// could become that uid and change the templates every sandbox mounts.
+// setuid to the uid range's base); an unprivileged host user must not
+// reach them, or they could become that uid and change the templates every
+// sandbox mounts.
 // Volumes hold the agents' data: host users cannot read them either.
 func TestHostUsersCannotReachSandboxFiles(t *testing.T) {
 	need(t)
