@@ -850,6 +850,11 @@ func TestImportReuses(t *testing.T) {
 			}
 		})
 	}
+	// An import shifted to another uid range is not reused: its files
+	// would be owned by ids outside the sandbox's map.
+	if _, err := ImportImage(context.Background(), cacheDir, ImportSource{Layout: writeLayout(t, img)}, 300000, nil); err == nil || !strings.Contains(err.Error(), "uid range base") {
+		t.Errorf("import for base 300000 over one for %d: %v, want a refusal naming the uid range base", testBase, err)
+	}
 }
 
 // TestInspect checks the largest paths and layer infos of an imported build

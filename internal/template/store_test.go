@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/corralhq/corral/internal/idrange"
 )
 
 // fakeBuild creates a build dir with a manifest and an empty rootfs.
@@ -82,7 +84,9 @@ func TestStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Template{Name: "base", Version: "v-1111", Digest: strings.Repeat("1", 64), RootFS: filepath.Join(b1, RootFSDir), Dir: b1, Size: 1234, Created: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+	// The fake manifest records no id base: a build made before it was
+	// recorded, shifted to the legacy base.
+	want := Template{Name: "base", Version: "v-1111", Digest: strings.Repeat("1", 64), RootFS: filepath.Join(b1, RootFSDir), Dir: b1, Size: 1234, Created: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), IDBase: idrange.LegacyBase}
 	if got != want {
 		t.Errorf("Resolve(base) = %+v, want %+v", got, want)
 	}
