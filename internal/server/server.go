@@ -175,11 +175,10 @@ type Server struct {
 	stopWatchdog context.CancelFunc
 
 	templates templateSource
-	idRange   idrange.Range
 }
 
 // IDRange is the host uid/gid range the server's sandboxes map to.
-func (s *Server) IDRange() idrange.Range { return s.idRange }
+func (s *Server) IDRange() idrange.Range { return s.cfg.IDRange }
 
 // Open prepares everything but the listener: it creates the data dir,
 // opens the store, ensures the admin key and base template, and
@@ -329,7 +328,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
 		Governor: gov, Metrics: met.Handler()}, mgr, st, cfg.Log)
 	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
-		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}, idRange: ids}, nil
+		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}}, nil
 }
 
 // InstanceTagLen is the length of a server's instance tag: 5 hex digits
