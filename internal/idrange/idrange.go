@@ -460,7 +460,7 @@ func appendEntry(path string, r Range) error {
 }
 
 // lockTimeout bounds the wait for a lock another program holds.
-const lockTimeout = 30 * time.Second
+var lockTimeout = 30 * time.Second
 
 // lockShadow takes shadow's lock on path the way its commonio code does
 // (useradd, usermod, newusers): a file PATH.<pid> holding our pid is

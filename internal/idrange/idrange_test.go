@@ -4,8 +4,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParse(t *testing.T) {
@@ -203,10 +205,29 @@ func TestEnsureKeepsModeAndOwner(t *testing.T) {
 	}
 }
 
-// TestEnsureWaitsForShadowLock: while useradd (or another corral) holds
-// FILE.lock, Ensure does not write; a lock left by a dead process is
-// stale and taken over.
-func TestEnsureWaitsForShadowLock(t *testing.T) {
+// TestEnsureShadowLock: while useradd (or another corral) holds
+// FILE.lock, Ensure does not write (two writers would lose one's entry);
+// a lock left by a dead process is stale and taken over.
+func TestEnsureShadowLock(t *testing.T) {
+	held := writeEtc(t, etc{subuid: "alice:100000:65536\n"})
+	// Held by a live process: this one.
+	if err := os.WriteFile(held.SubGID+".lock", []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := lockTimeout
+	lockTimeout = 200 * time.Millisecond
+	_, err := Ensure(held, Range{})
+	lockTimeout = old
+	if err == nil || !strings.Contains(err.Error(), "is held") {
+		t.Fatalf("Ensure under a held lock: %v", err)
+	}
+	if s := read(t, held.SubUID); s != "alice:100000:65536\n" {
+		t.Errorf("subuid written under a held lock: %q", s)
+	}
+	if _, err := os.Stat(held.SubUID + ".lock"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the lock Ensure took on subuid is left behind: %v", err)
+	}
+
 	f := writeEtc(t, etc{})
 	// A pid that cannot be running: above the kernel's pid_max limit.
 	if err := os.WriteFile(f.SubUID+".lock", []byte("2147483647"), 0o600); err != nil {
