@@ -88,6 +88,28 @@ func (g Group) Procs() ([]int, error) {
 	return pids, nil
 }
 
+// Threads returns the ids of every thread in the group (the pids
+// controller's tasks file on v1, cgroup.threads on v2), for per-thread
+// scheduler statistics.
+func (g Group) Threads() ([]int, error) {
+	name := "tasks"
+	if g.v2 {
+		name = "cgroup.threads"
+	}
+	data, err := os.ReadFile(g.file("pids", name))
+	if err != nil {
+		return nil, err
+	}
+	var tids []int
+	for _, f := range strings.Fields(string(data)) {
+		t, err := strconv.Atoi(f)
+		if err == nil {
+			tids = append(tids, t)
+		}
+	}
+	return tids, nil
+}
+
 // OOMKills returns how many processes the kernel killed at the group's
 // memory limit.
 func (g Group) OOMKills() (uint64, error) {

@@ -97,8 +97,19 @@ type Stats struct {
 	Pids int64
 	// CPUSeconds is the CPU time used since start.
 	CPUSeconds float64
+	// CPUWaitSeconds is the time the sandbox's threads have been runnable
+	// but not running (waiting for a CPU, or throttled at the CPU quota),
+	// summed over threads, since the driver first read it; 0 if the
+	// driver cannot tell. With CPUSeconds it gives the sandbox's CPU
+	// demand, which the watchdog's runaway rule compares with its quota.
+	CPUWaitSeconds float64
 	// DiskBytes is what the writable layer holds.
 	DiskBytes int64
+	// Time is when CPUSeconds and CPUWaitSeconds were read (zero if the
+	// driver does not say). Rates are computed over these times: a
+	// reading stamped after a call that was preempted on a busy host
+	// would be off by the delay.
+	Time time.Time
 }
 
 // ErrNotFound is returned for a sandbox the driver does not hold.

@@ -1,8 +1,9 @@
 // Package watchdog samples the cgroup counters of every running sandbox at a
 // fixed interval, keeps a short history per sandbox and applies the
 // watchdog rules: a warning event when memory, disk or pids use crosses a
-// fraction of its limit, a cpu_runaway action when a sandbox stays near its
-// CPU quota for too long, and an oom event when the kernel kills a process
+// fraction of its limit, a cpu_runaway action when a sandbox stays
+// CPU-bound for too long (at its quota, or starved below it on a busy
+// host: see cpuBound), and an oom event when the kernel kills a process
 // at the memory limit.
 //
 // The watchdog knows nothing of HTTP, the store or the runtime driver: a
@@ -32,8 +33,8 @@ const (
 	// KindPidsHigh is emitted when the number of tasks crosses WarnFraction
 	// of the pids limit.
 	KindPidsHigh = "watchdog.pids_high"
-	// KindCPURunaway is emitted when a sandbox has used at least
-	// CPURunawayFraction of its CPU quota for the runaway duration.
+	// KindCPURunaway is emitted when a sandbox has been CPU-bound (see
+	// cpuBound) for the runaway duration.
 	KindCPURunaway = "watchdog.cpu_runaway"
 	// KindOOM is emitted when the kernel killed processes of the sandbox at
 	// its memory limit since the previous sample.
@@ -53,11 +54,12 @@ const (
 	// DefaultWarnHysteresis is how far below WarnFraction a value must drop
 	// before the warning re-arms (0.8 - 0.1 = 0.7 by default).
 	DefaultWarnHysteresis = 0.1
-	// DefaultCPURunawayFraction is the fraction of the CPU quota that counts
+	// DefaultCPURunawayFraction is the fraction of the CPU quota (or of
+	// the CPU demand that counts as CPU-bound, see cpuBound) that counts
 	// as running away.
 	DefaultCPURunawayFraction = 0.9
-	// DefaultCPURunawayFor is how long CPU use must stay at or above
-	// CPURunawayFraction of the quota before cpu_runaway fires.
+	// DefaultCPURunawayFor is how long a sandbox must stay CPU-bound
+	// before cpu_runaway fires.
 	DefaultCPURunawayFor = 30 * time.Second
 	// DefaultParallel is the number of Stats calls in flight at once.
 	DefaultParallel = 8
@@ -102,6 +104,15 @@ type Sample struct {
 	CPUPercent float64
 	// CPUSeconds is the cumulative CPU time of the sandbox.
 	CPUSeconds float64
+	// CPUWaitSeconds is the cumulative time the sandbox's threads were
+	// runnable but not running (runtime.Stats.CPUWaitSeconds).
+	CPUWaitSeconds float64
+	// DemandPercent is the sandbox's CPU demand since the previous
+	// sample, in percent of one core: CPU used plus time runnable but
+	// waiting (for a CPU or at the quota), summed over its threads. A
+	// thread that never sleeps demands 100 whatever CPU it gets. It is
+	// CPUPercent when the wait counter is unknown or went backwards.
+	DemandPercent float64
 	// MemoryBytes is current memory use.
 	MemoryBytes int64
 	// DiskBytes is what the writable layer holds.
@@ -126,12 +137,13 @@ type Config struct {
 	// below to re-arm its warning (default WarnFraction - 0.1). Values at
 	// or above WarnFraction are replaced by the default.
 	WarnClearFraction float64
-	// CPURunawayFraction of the CPU quota counts as running away
-	// (default 0.9).
+	// CPURunawayFraction is the fraction at which a sample counts as
+	// CPU-bound: CPU use at this fraction of the quota, or CPU demand at
+	// this fraction of the larger of the quota and one core (default
+	// 0.9; see cpuBound).
 	CPURunawayFraction float64
-	// CPURunawayFor is how long every sample must be at or above the
-	// runaway threshold before cpu_runaway fires (default 30 s; negative
-	// disables the rule).
+	// CPURunawayFor is how long every sample must be CPU-bound before
+	// cpu_runaway fires (default 30 s; negative disables the rule).
 	CPURunawayFor time.Duration
 	// CPURunawayForTier overrides CPURunawayFor per tier. A positive entry
 	// wins, a negative entry disables the rule for the tier, a zero entry
@@ -156,8 +168,10 @@ type Event struct {
 	// Kind is one of the Kind constants.
 	Kind string
 	// Value is the reading that triggered the event: bytes for memory and
-	// disk, tasks for pids, percent of one core for cpu_runaway, and the
-	// number of new OOM kills for oom.
+	// disk, tasks for pids, the CPU used in percent of one core for
+	// cpu_runaway (on a busy host it may be well below the quota; the
+	// message also gives the demand), and the number of new OOM kills for
+	// oom.
 	Value float64
 	// Limit is the limit Value is compared against, in the same unit (for
 	// cpu_runaway the quota in percent of one core; for oom the memory
@@ -195,8 +209,8 @@ type sandboxState struct {
 
 	warned [3]bool // memory, disk, pids warning fired and not yet re-armed
 
-	runStart time.Time // start of the current span above the runaway threshold
-	running  bool      // in a span above the threshold
+	runStart time.Time // start of the current CPU-bound span
+	running  bool      // in a CPU-bound span
 	ranAway  bool      // cpu_runaway fired for the current span
 }
 
@@ -365,7 +379,10 @@ func (w *Watchdog) readOne(id string) reading {
 	go func() {
 		defer w.pending.Done()
 		s, err := w.src.Stats(id)
-		r := reading{ok: err == nil, stats: s, time: w.cfg.Now()}
+		r := reading{ok: err == nil, stats: s, time: s.Time}
+		if r.time.IsZero() {
+			r.time = w.cfg.Now()
+		}
 		w.mu.Lock()
 		delete(w.inflight, id)
 		w.mu.Unlock()
@@ -392,12 +409,13 @@ func (w *Watchdog) observe(t Target, r reading) ([]Event, bool) {
 	prev, hasPrev := st.latest()
 
 	s := Sample{
-		Time:        r.time,
-		CPUSeconds:  r.stats.CPUSeconds,
-		MemoryBytes: r.stats.MemoryBytes,
-		DiskBytes:   r.stats.DiskBytes,
-		Pids:        r.stats.Pids,
-		OOMKills:    r.stats.OOMKills,
+		Time:           r.time,
+		CPUSeconds:     r.stats.CPUSeconds,
+		CPUWaitSeconds: r.stats.CPUWaitSeconds,
+		MemoryBytes:    r.stats.MemoryBytes,
+		DiskBytes:      r.stats.DiskBytes,
+		Pids:           r.stats.Pids,
+		OOMKills:       r.stats.OOMKills,
 	}
 	var newKills uint64
 	switch {
@@ -407,9 +425,13 @@ func (w *Watchdog) observe(t Target, r reading) ([]Event, bool) {
 		newKills = s.OOMKills
 	default:
 		if dt := s.Time.Sub(prev.Time).Seconds(); dt <= 0 {
-			s.CPUPercent = prev.CPUPercent
+			s.CPUPercent, s.DemandPercent = prev.CPUPercent, prev.DemandPercent
 		} else if dc := s.CPUSeconds - prev.CPUSeconds; dc >= 0 {
 			s.CPUPercent = dc / dt * 100
+			s.DemandPercent = s.CPUPercent
+			if dw := s.CPUWaitSeconds - prev.CPUWaitSeconds; dw > 0 {
+				s.DemandPercent += dw / dt * 100
+			}
 		} // else the counter went backwards (new cgroup): no baseline, 0.
 		if s.OOMKills >= prev.OOMKills {
 			newKills = s.OOMKills - prev.OOMKills
@@ -476,18 +498,53 @@ func (w *Watchdog) runawayFor(tier string) (time.Duration, bool) {
 	return d, d > 0
 }
 
+// cpuBound reports whether one sampling interval of a sandbox counts
+// towards cpu_runaway. cpuPercent is the CPU it used and demandPercent
+// its demand (CPU used plus time runnable but waiting, summed over its
+// threads), both in percent of one core; quota is its CPU limit in cores.
+//
+// It defends against a busy loop that never ends (a `while True` retry
+// with no command timeout) on a host where more sandboxes spin than
+// there are cores: each then gets less than its quota, so a rule on CPU
+// use alone never fires and the loops burn the host for good. The
+// interval is CPU-bound when either
+//
+//   - the sandbox used at least fraction of its quota (it got what it
+//     may have and used it), or
+//   - its demand was at least fraction of the larger of its quota and one
+//     core: it would have used its whole quota had the host given it the
+//     CPU, and, for a quota below one core, some thread of it was
+//     runnable nearly all the time (it did not sleep).
+//
+// The one-core floor keeps work that sleeps from matching: a thread busy
+// half the time in a half-core sandbox demands exactly its quota yet is
+// idle half the time, while a spinning thread demands a whole core
+// however little of it it gets. Sleeping, blocked (on I/O, a lock, a
+// child) and stopped threads are not runnable and demand nothing, so an
+// idle or I/O-bound sandbox never matches; for a quota of a core or more
+// a sandbox must keep enough threads runnable to fill its quota, so a
+// single spinning thread in a two-core sandbox does not match (as with
+// CPU use alone). A relative epsilon keeps a reading exactly at a
+// threshold from missing it by rounding (0.9*100 is not exactly 90 in
+// binary).
+func cpuBound(cpuPercent, demandPercent, quota, fraction float64) bool {
+	if quota <= 0 {
+		return false
+	}
+	const eps = 1 - 1e-9
+	return cpuPercent >= fraction*quota*100*eps ||
+		demandPercent >= fraction*max(quota, 1)*100*eps
+}
+
 // runaway applies the CPU runaway rule to sample s. A span starts at the
-// previous sample's time when a sample is at or above the threshold (the
-// sample's CPUPercent covers the interval since then) and ends at the first
-// sample below it. The rule fires once per span, when the span reaches the
+// previous sample's time when a sample is CPU-bound (the sample's
+// percentages cover the interval since then) and ends at the first sample
+// that is not. The rule fires once per span, when the span reaches the
 // duration; a tenth of an Interval of slack absorbs jitter in sampling
 // times without letting an exact clock fire a round early.
 func (w *Watchdog) runaway(t Target, st *sandboxState, s, prev Sample, hasPrev bool) (Event, bool) {
 	dur, enabled := w.runawayFor(t.Tier)
-	threshold := w.cfg.CPURunawayFraction * t.CPULimit * 100
-	// A relative epsilon keeps a reading exactly at the threshold from
-	// missing it by rounding (0.9*100 is not exactly 90 in binary).
-	if !enabled || t.CPULimit <= 0 || !hasPrev || s.CPUPercent < threshold*(1-1e-9) {
+	if !enabled || !hasPrev || !cpuBound(s.CPUPercent, s.DemandPercent, t.CPULimit, w.cfg.CPURunawayFraction) {
 		st.running, st.ranAway = false, false
 		return Event{}, false
 	}
@@ -504,8 +561,8 @@ func (w *Watchdog) runaway(t Target, st *sandboxState, s, prev Sample, hasPrev b
 		Kind:    KindCPURunaway,
 		Value:   s.CPUPercent,
 		Limit:   t.CPULimit * 100,
-		Message: fmt.Sprintf("CPU at or above %.0f%% of a %.2g-core quota for %s (now %.0f%% of one core)",
-			w.cfg.CPURunawayFraction*100, t.CPULimit, span.Round(time.Millisecond), s.CPUPercent),
+		Message: fmt.Sprintf("CPU-bound for %s with a %.2g-core quota (now using %.0f%% of one core, demanding %.0f%%)",
+			span.Round(time.Millisecond), t.CPULimit, s.CPUPercent, s.DemandPercent),
 	}, true
 }
 

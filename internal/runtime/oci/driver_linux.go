@@ -73,6 +73,9 @@ type Driver struct {
 	exited map[string]chan struct{}
 	// oom holds the last OOM-kill count seen per sandbox. Guarded by mu.
 	oom map[string]uint64
+	// waits holds the run-delay counter per sandbox, made by the first
+	// Stats and dropped by Stop. Guarded by mu.
+	waits map[string]*cgroups.WaitCounter
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -104,7 +107,8 @@ func New(o Options) (*Driver, error) {
 	if _, err := os.Stat(o.AgentBinary); err != nil {
 		return nil, fmt.Errorf("oci driver: agent binary: %w", err)
 	}
-	d := &Driver{opts: o, exited: map[string]chan struct{}{}, oom: map[string]uint64{}}
+	d := &Driver{opts: o, exited: map[string]chan struct{}{}, oom: map[string]uint64{},
+		waits: map[string]*cgroups.WaitCounter{}}
 	d.runc = &runc.Runc{Command: o.RuncPath, Root: RuntimeRoot(o.StateDir, runtime.Runc), Setpgid: true}
 	d.runsc = &runc.Runc{Command: o.RunscPath, Root: RuntimeRoot(o.StateDir, runtime.GVisor), Setpgid: true, ExtraArgs: []string{
 		"--platform=" + o.RunscPlatform, "--network=none", "--host-uds=all",
@@ -408,12 +412,37 @@ func (d *Driver) Stats(id string) (runtime.Stats, error) {
 	s.OOMKills = max(s.OOMKills, seen)
 	s.MemoryBytes, _ = g.MemoryBytes()
 	s.Pids, _ = g.Pids()
-	s.CPUSeconds, _ = g.CPUSeconds()
+	s.CPUSeconds, s.CPUWaitSeconds, s.Time = d.cpu(id, g)
 	var fs unix.Statfs_t
 	if err := unix.Statfs(filepath.Join(d.dir(id), "disk"), &fs); err == nil {
 		s.DiskBytes = int64(fs.Blocks-fs.Bfree) * int64(fs.Bsize)
 	}
 	return s, nil
+}
+
+// cpu reads the sandbox's CPU time and its run-delay counter back to
+// back, and the time between the two reads. The wait is 0 when the
+// threads cannot be listed (the cgroup is gone; the counter is dropped so
+// that a Stats racing Stop leaves nothing behind).
+func (d *Driver) cpu(id string, g cgroups.Group) (used, wait float64, at time.Time) {
+	tids, terr := g.Threads()
+	d.mu.Lock()
+	c := d.waits[id]
+	switch {
+	case terr != nil:
+		delete(d.waits, id)
+		c = nil
+	case c == nil:
+		c = cgroups.NewWaitCounter()
+		d.waits[id] = c
+	}
+	d.mu.Unlock()
+	used, _ = g.CPUSeconds()
+	at = time.Now()
+	if c != nil {
+		wait = c.Update(tids)
+	}
+	return used, wait, at
 }
 
 // Stop kills every process of the sandbox and removes all it held.
@@ -456,6 +485,9 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 		delete(d.oom, id)
 		d.mu.Unlock()
 	}
+	d.mu.Lock()
+	delete(d.waits, id)
+	d.mu.Unlock()
 	dir := d.dir(id)
 	for _, m := range []string{filepath.Join(dir, "rootfs"), filepath.Join(dir, "disk")} {
 		if err := unmount(m); err != nil {
