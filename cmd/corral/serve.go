@@ -51,7 +51,7 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&cfg.Loop.Window, "loop-window", 0, "tool calls the loop detector looks back over (default 10)")
 	f.IntVar(&cfg.Loop.WarnAt, "loop-warn", 0, "near-identical calls in the window that give loop_suspected (default 4)")
 	f.Float64Var(&cfg.Loop.TripAt, "loop-trip", 0, "weighted repeat score that opens the breaker with loop_detected (default 8; a repeat counts 1, 2 when it failed with the same exit code)")
-	f.DurationVar(&cfg.Watchdog.CPURunawayFor, "cpu-runaway-for", 0, "CPU above 90% of its quota this long kills the sandbox as cpu_runaway (default 30s; negative disables)")
+	f.DurationVar(&cfg.Watchdog.CPURunawayFor, "cpu-runaway-for", 0, "CPU-bound this long (90% of its quota used, or demanded while waiting for a CPU) kills the sandbox as cpu_runaway (default 30s; negative disables)")
 	f.StringVar(&cfg.RunawayAction, "cpu-runaway-action", "sandbox", "what the CPU-runaway rule kills: sandbox or command (its running commands; the sandbox lives on)")
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "end sandboxes with no command for this long (default 0: never)")
 	f.DurationVar(&cfg.KillGrace, "kill-grace", 3*time.Second, "time between SIGTERM and SIGKILL when a sandbox is killed (0..1m)")

@@ -92,11 +92,7 @@ func (g Group) Procs() ([]int, error) {
 // controller's tasks file on v1, cgroup.threads on v2), for per-thread
 // scheduler statistics.
 func (g Group) Threads() ([]int, error) {
-	name := "tasks"
-	if g.v2 {
-		name = "cgroup.threads"
-	}
-	data, err := os.ReadFile(g.file("pids", name))
+	data, err := os.ReadFile(g.threadsFile())
 	if err != nil {
 		return nil, err
 	}
@@ -108,6 +104,13 @@ func (g Group) Threads() ([]int, error) {
 		}
 	}
 	return tids, nil
+}
+
+func (g Group) threadsFile() string {
+	if g.v2 {
+		return g.file("", "cgroup.threads")
+	}
+	return g.file("pids", "tasks")
 }
 
 // OOMKills returns how many processes the kernel killed at the group's

@@ -35,8 +35,10 @@ func (m *Manager) OnWatchdogEvent(ev watchdog.Event) {
 	m.log.Warn("watchdog", "sandbox", ev.Sandbox, "kind", ev.Kind, "message", ev.Message)
 }
 
-// OnRunaway applies the cpu_runaway policy: the sandbox is killed and
-// recorded with end reason cpu_runaway.
+// OnRunaway applies the cpu_runaway policy to a sandbox the watchdog
+// found CPU-bound for the runaway period (at its quota, or starved below
+// it on a busy host): the sandbox is killed and recorded with end reason
+// cpu_runaway.
 //
 // With Config.RunawayAction "command", the sandbox's running commands
 // are killed instead (SIGKILL to each process the agent started) and the
@@ -50,7 +52,7 @@ func (m *Manager) OnRunaway(id string) {
 		}
 		m.log.Error("kill runaway commands; killing the sandbox", "id", id, "err", err)
 	}
-	if err := m.end(context.Background(), id, EndCPURunaway, "CPU above its runaway threshold for too long"); err != nil && !errors.Is(err, ErrNotFound) {
+	if err := m.end(context.Background(), id, EndCPURunaway, "CPU-bound for the runaway period"); err != nil && !errors.Is(err, ErrNotFound) {
 		m.log.Error("stop runaway sandbox", "id", id, "err", err)
 	}
 }

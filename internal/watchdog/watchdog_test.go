@@ -541,3 +541,139 @@ func TestRun(t *testing.T) {
 		t.Error("Run did not sample")
 	}
 }
+
+// TestCPUBound is the runaway rule's decision on one interval, in pure
+// numbers (percent of one core; quota in cores; fraction 0.9 unless
+// named). The starved cases defend against the busy-host runaway: more
+// spinning sandboxes than cores, each getting less than its quota.
+func TestCPUBound(t *testing.T) {
+	tests := []struct {
+		name        string
+		cpu, demand float64
+		quota, frac float64
+		want        bool
+	}{
+		{"idle sandbox", 0, 0, 0.5, 0.9, false},
+		{"agent threads waking on a busy host", 0, 11, 0.5, 0.9, false},
+		{"mostly blocked on I/O (not runnable)", 5, 9, 0.5, 0.9, false},
+		{"mostly blocked on I/O, many threads, busy host", 6, 48, 0.5, 0.9, false},
+		{"spinning at its full half-core quota", 50, 100, 0.5, 0.9, true},
+		{"full quota, wait unknown (CPU use alone, as before)", 50, 50, 0.5, 0.9, true},
+		{"exactly at the CPU threshold", 45, 45, 0.5, 0.9, true},
+		{"just below the CPU threshold", 44.9, 44.9, 0.5, 0.9, false},
+		{"starved spinner: 2 cores, 17 spinners", 12, 100, 0.5, 0.9, true},
+		{"starved spinner: 10 loops at 20%", 20, 101, 0.5, 0.9, true},
+		{"starved, demand exactly at the threshold", 10, 90, 0.5, 0.9, true},
+		{"starved, demand just below", 10, 89.9, 0.5, 0.9, false},
+		{"bursty 50% duty, half core, idle host (throttled in bursts)", 25, 50, 0.5, 0.9, false},
+		{"bursty 50% duty, half core, busy host", 13, 55, 0.5, 0.9, false},
+		{"bursty 50% duty, half core, very busy host (slow wake-ups)", 8, 68, 0.5, 0.9, false},
+		{"bursty 50% duty, one core", 50, 52, 1, 0.9, false},
+		{"one spinner at one core", 100, 100, 1, 0.9, true},
+		{"one spinner starved at one core", 30, 100, 1, 0.9, true},
+		{"one spinner in a two-core sandbox, idle host", 100, 100, 2, 0.9, false},
+		{"one spinner in a two-core sandbox, busy host", 40, 100, 2, 0.9, false},
+		{"two spinners in a two-core sandbox, busy host", 60, 200, 2, 0.9, true},
+		{"four spinners, four-core quota on a two-core host", 200, 400, 4, 0.9, true},
+		{"1.75 of a 2-core quota", 175, 175, 2, 0.9, false},
+		{"unlimited CPU never matches", 400, 400, 0, 0.9, false},
+		{"configured fraction: CPU", 30, 30, 0.5, 0.5, true},
+		{"configured fraction: demand", 10, 50, 0.5, 0.5, true},
+		{"configured fraction: below both", 20, 45, 0.5, 0.5, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := cpuBound(tt.cpu, tt.demand, tt.quota, tt.frac); got != tt.want {
+				t.Errorf("cpuBound(cpu %v, demand %v, quota %v, fraction %v) = %v, want %v",
+					tt.cpu, tt.demand, tt.quota, tt.frac, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestCPURunawayStarved runs the rule through Tick on readings of CPU and
+// wait counters: a sandbox spinning far below its quota (the busy-host
+// runaway) fires after the period; bursty work and a wait counter that
+// went backwards (a new cgroup, so no demand baseline) do not.
+func TestCPURunawayStarved(t *testing.T) {
+	type pct struct{ cpu, wait float64 } // percent of one core per tick
+	repeat := func(p pct, n int) []pct {
+		out := make([]pct, n)
+		for i := range out {
+			out[i] = p
+		}
+		return out
+	}
+	tests := []struct {
+		name  string
+		cfg   Config
+		quota float64
+		ticks []pct
+		want  []int // 1-based ticks (after the baseline) at which the rule fires
+	}{
+		{"starved spinner fires after the default 30 s", Config{}, 0.5,
+			repeat(pct{12, 88}, 40), []int{30}},
+		{"starved spinner, configured 5 s", Config{CPURunawayFor: 5 * time.Second}, 0.5,
+			repeat(pct{20, 80}, 8), []int{5}},
+		{"a sleep resets the span", Config{CPURunawayFor: 5 * time.Second}, 0.5,
+			slices.Concat(repeat(pct{20, 80}, 4), []pct{{10, 30}}, repeat(pct{20, 80}, 5)), []int{10}},
+		{"bursty work never fires", Config{CPURunawayFor: 5 * time.Second}, 0.5,
+			repeat(pct{13, 42}, 20), nil},
+		{"full quota, no wait counter, fires as before", Config{CPURunawayFor: 5 * time.Second}, 0.5,
+			repeat(pct{50, 0}, 6), []int{5}},
+		{"wait counter backwards has no demand baseline", Config{CPURunawayFor: 3 * time.Second}, 0.5,
+			slices.Concat(repeat(pct{20, 80}, 2), []pct{{20, -1000}}, repeat(pct{20, 80}, 4)), []int{6}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(tt.cfg, Target{ID: "a", CPULimit: tt.quota})
+			h.src.set("a", func(s *runtime.Stats) { s.CPUSeconds, s.CPUWaitSeconds = 0, 1000 })
+			h.tick() // baseline
+			cpu, wait := 0.0, 1000.0
+			var fired []int
+			for i, p := range tt.ticks {
+				cpu += p.cpu / 100
+				wait += p.wait / 100
+				h.src.set("a", func(s *runtime.Stats) { s.CPUSeconds, s.CPUWaitSeconds = cpu, wait })
+				n := len(h.events)
+				h.tick()
+				if got := h.kinds(n); len(got) > 0 {
+					e := h.events[n]
+					if !slices.Equal(got, []string{KindCPURunaway}) || math.Abs(e.Value-p.cpu) > 1e-6 || e.Limit != tt.quota*100 {
+						t.Fatalf("tick %d: events %+v", i+1, h.events[n:])
+					}
+					fired = append(fired, i+1)
+				}
+			}
+			if !slices.Equal(fired, tt.want) {
+				t.Errorf("fired at ticks %v, want %v", fired, tt.want)
+			}
+			if !slices.Equal(h.runaways, slices.Repeat([]string{"a"}, len(tt.want))) {
+				t.Errorf("runaways = %v", h.runaways)
+			}
+		})
+	}
+}
+
+// TestDemandPercent: demand is CPU plus wait per second; the sample time
+// is the driver's read time when it gives one, so a Stats call delayed on
+// a busy host does not skew the rates.
+func TestDemandPercent(t *testing.T) {
+	h := newHarness(Config{}, Target{ID: "a"})
+	read := h.clock.Now().Add(-10 * time.Second)
+	step := func(cpu, wait float64, at time.Time) Sample {
+		h.src.set("a", func(s *runtime.Stats) { s.CPUSeconds, s.CPUWaitSeconds, s.Time = cpu, wait, at })
+		h.tick()
+		got, _ := h.w.Latest("a")
+		return got
+	}
+	step(1, 2, read)
+	got := step(1.5, 3, read.Add(2*time.Second)) // 0.5 s CPU + 1 s wait over 2 s
+	if math.Abs(got.CPUPercent-25) > 1e-9 || math.Abs(got.DemandPercent-75) > 1e-9 || !got.Time.Equal(read.Add(2*time.Second)) {
+		t.Errorf("sample = %+v; want CPU 25%%, demand 75%% at the read time", got)
+	}
+	got = step(2, 2.5, time.Time{}) // wait went backwards; no read time: the clock
+	if got.DemandPercent != got.CPUPercent || !got.Time.Equal(h.clock.Now()) {
+		t.Errorf("sample = %+v; want demand = CPU at the clock's time", got)
+	}
+}

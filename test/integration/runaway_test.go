@@ -126,7 +126,7 @@ while True:
 		}
 	}
 	ended := map[string]*corral.Sandbox{}
-	waitFor(t, "every busy loop's sandbox to end", 3*time.Minute, func() bool {
+	waitFor(t, "every busy loop's sandbox to end", 2*time.Minute, func() bool {
 		for _, sb := range append(slices.Clone(by), spin...) {
 			keep(sb.ID)
 		}
