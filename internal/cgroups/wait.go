@@ -78,3 +78,10 @@ func (c *WaitCounter) Update(tids []int) float64 {
 	c.last = next
 	return float64(c.total) / 1e9
 }
+
+// Total returns the counter in seconds without reading any thread.
+func (c *WaitCounter) Total() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return float64(c.total) / 1e9
+}

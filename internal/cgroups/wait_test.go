@@ -81,8 +81,8 @@ func TestWaitCounter(t *testing.T) {
 		for k, v := range st.delays {
 			delays[k] = v
 		}
-		if got := c.Update(st.tids); got < st.want-1e-9 || got > st.want+1e-9 {
-			t.Errorf("%s: counter %v s, want %v", st.name, got, st.want)
+		if got := c.Update(st.tids); got < st.want-1e-9 || got > st.want+1e-9 || got != c.Total() {
+			t.Errorf("%s: counter %v s (Total %v), want %v", st.name, got, c.Total(), st.want)
 		}
 	}
 }

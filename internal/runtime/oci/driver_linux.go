@@ -421,25 +421,27 @@ func (d *Driver) Stats(id string) (runtime.Stats, error) {
 }
 
 // cpu reads the sandbox's CPU time and its run-delay counter back to
-// back, and the time between the two reads. The wait is 0 when the
-// threads cannot be listed (the cgroup is gone; the counter is dropped so
-// that a Stats racing Stop leaves nothing behind).
+// back, and the time between the two reads. When the threads cannot be
+// listed the counter keeps its value (a drop to 0 and back would read as
+// a burst of demand); a sandbox whose threads were never listed (its
+// cgroup is gone) gets no counter, so a Stats racing Stop leaves nothing
+// behind.
 func (d *Driver) cpu(id string, g cgroups.Group) (used, wait float64, at time.Time) {
 	tids, terr := g.Threads()
 	d.mu.Lock()
 	c := d.waits[id]
-	switch {
-	case terr != nil:
-		delete(d.waits, id)
-		c = nil
-	case c == nil:
+	if c == nil && terr == nil {
 		c = cgroups.NewWaitCounter()
 		d.waits[id] = c
 	}
 	d.mu.Unlock()
 	used, _ = g.CPUSeconds()
 	at = time.Now()
-	if c != nil {
+	switch {
+	case c == nil:
+	case terr != nil:
+		wait = c.Total()
+	default:
 		wait = c.Update(tids)
 	}
 	return used, wait, at
@@ -485,9 +487,6 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 		delete(d.oom, id)
 		d.mu.Unlock()
 	}
-	d.mu.Lock()
-	delete(d.waits, id)
-	d.mu.Unlock()
 	dir := d.dir(id)
 	for _, m := range []string{filepath.Join(dir, "rootfs"), filepath.Join(dir, "disk")} {
 		if err := unmount(m); err != nil {
@@ -497,6 +496,9 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 	if err := d.removeCgroups(id); err != nil {
 		errs = append(errs, err)
 	}
+	d.mu.Lock()
+	delete(d.waits, id)
+	d.mu.Unlock()
 	if len(errs) == 0 {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, fmt.Errorf("remove sandbox dir: %w", err))
