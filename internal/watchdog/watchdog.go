@@ -54,9 +54,9 @@ const (
 	// DefaultWarnHysteresis is how far below WarnFraction a value must drop
 	// before the warning re-arms (0.8 - 0.1 = 0.7 by default).
 	DefaultWarnHysteresis = 0.1
-	// DefaultCPURunawayFraction is the fraction of the CPU quota (or of
-	// the CPU demand that counts as CPU-bound, see cpuBound) that counts
-	// as running away.
+	// DefaultCPURunawayFraction is the fraction of the CPU quota used, or
+	// of the larger of the quota and one core demanded, at which a sample
+	// counts as CPU-bound (see cpuBound).
 	DefaultCPURunawayFraction = 0.9
 	// DefaultCPURunawayFor is how long a sandbox must stay CPU-bound
 	// before cpu_runaway fires.
