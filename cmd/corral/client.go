@@ -101,10 +101,14 @@ func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 }
 
 // apiFailure maps request errors: invalid arguments are usage errors
-// (exit 2), the rest are returned for main to print (exit 1).
+// (exit 2), capacity refusals exit ExitCapacity (75), the rest are
+// returned for main to print (exit 1). main prints each with its code.
 func apiFailure(cmd *cobra.Command, err error) error {
-	if corral.IsInvalidArgument(err) {
+	switch {
+	case corral.IsInvalidArgument(err):
 		return usageError(cmd, "%v", err)
+	case corral.IsCapacityExceeded(err), errors.Is(err, &corral.APIError{Code: corral.CodeTooManyStreams}):
+		return printedExit{err: err, code: ExitCapacity}
 	}
 	return err
 }

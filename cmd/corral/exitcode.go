@@ -16,3 +16,19 @@ type exitError struct{ code int }
 
 func (e exitError) Error() string { return "exit" }
 func (e exitError) ExitCode() int { return e.code }
+
+// ExitCapacity is the exit code of a call refused with capacity_exceeded
+// (or too_many_streams): EX_TEMPFAIL, a temporary failure that may
+// succeed after the Retry-After the message names (docs/cli.md).
+const ExitCapacity = 75
+
+// printedExit is an error main prints ("corral: " and its message) before
+// exiting with its own code.
+type printedExit struct {
+	err  error
+	code int
+}
+
+func (e printedExit) Error() string { return trimmedError{e.err}.Error() }
+func (e printedExit) Unwrap() error { return e.err }
+func (e printedExit) ExitCode() int { return e.code }

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 )
@@ -232,6 +233,7 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.mgr.Create(r.Context(), cr)
 	if err != nil {
 		var inv *sandbox.InvalidError
+		var capErr *govern.CapacityError
 		switch {
 		case errors.As(err, &inv):
 			if strings.Contains(inv.Msg, "no such template") {
@@ -239,9 +241,11 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			e2bError(w, http.StatusBadRequest, inv.Msg)
-		case errors.Is(err, sandbox.ErrCapacity):
-			w.Header().Set("Retry-After", "5")
-			e2bError(w, http.StatusTooManyRequests, err.Error())
+		case errors.As(err, &capErr):
+			// The SDK raises RateLimitError on 429; the message starts
+			// with the native code, capacity_exceeded.
+			setRetryAfter(w, capErr)
+			e2bError(w, http.StatusTooManyRequests, capErr.Error())
 		case errors.Is(err, sandbox.ErrNetworkUnavailable), errors.Is(err, sandbox.ErrVolumesUnavailable):
 			e2bError(w, http.StatusServiceUnavailable, err.Error())
 		default:

@@ -34,8 +34,6 @@ import (
 var (
 	// ErrNotFound: no such sandbox, or it has ended.
 	ErrNotFound = errors.New("sandbox not found")
-	// ErrCapacity: the server runs its maximum number of sandboxes.
-	ErrCapacity = errors.New("too many sandboxes running")
 	// ErrConflict: the sandbox is not in a state that allows the call
 	// (pausing a paused sandbox, resuming a running one).
 	ErrConflict = errors.New("sandbox state does not allow this")
@@ -85,8 +83,6 @@ type Config struct {
 	DefaultTTL time.Duration
 	// KillGrace is the time between SIGTERM and SIGKILL on kill (3 s).
 	KillGrace time.Duration
-	// MaxSandboxes caps running sandboxes (default 50).
-	MaxSandboxes int
 	// WatchInterval is how often running sandboxes are checked for death (1 s).
 	WatchInterval time.Duration
 	// Gateway gives sandboxes their network; nil means networking is
@@ -101,8 +97,9 @@ type Config struct {
 	Audit *audit.Log
 	// Governor, when set, keeps tasks: budgets, breakers, loop detection.
 	Governor *govern.Governor
-	// Admission, when set, limits running sandboxes globally and per agent
-	// (it replaces MaxSandboxes).
+	// Admission limits running sandboxes globally and per agent; it is
+	// the only capacity check, and a refusal is a *govern.CapacityError
+	// (nil: an Admission with govern's defaults).
 	Admission *govern.Admission
 	// ArtifactDir receives artifacts archived from sandboxes of tripped
 	// tasks before they are killed.
@@ -143,8 +140,8 @@ func (c *Config) setDefaults() {
 	if c.KillGrace == 0 {
 		c.KillGrace = 3 * time.Second
 	}
-	if c.MaxSandboxes == 0 {
-		c.MaxSandboxes = 50
+	if c.Admission == nil {
+		c.Admission = govern.NewAdmission(govern.AdmissionConfig{})
 	}
 	if c.WatchInterval == 0 {
 		c.WatchInterval = time.Second
@@ -477,14 +474,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	rec, rc, plan, err := m.validate(ctx, &req)
 	if err != nil {
 		return nil, err
-	}
-	if m.cfg.Admission == nil {
-		m.mu.Lock()
-		n := len(m.live)
-		m.mu.Unlock()
-		if n >= m.cfg.MaxSandboxes {
-			return nil, ErrCapacity
-		}
 	}
 	// A warm pool may already run a sandbox with these defaults.
 	var pd *pooled
@@ -1101,12 +1090,10 @@ func (m *Manager) adoptGoverned(rec *store.Sandbox) {
 		}
 		m.cfg.Governor.AdoptSandbox(context.Background(), rec.TaskID, rec.ID)
 	}
-	if m.cfg.Admission != nil {
-		tk := m.cfg.Admission.Adopt(agent)
-		m.mu.Lock()
-		m.tickets[rec.ID] = tk
-		m.mu.Unlock()
-	}
+	tk := m.cfg.Admission.Adopt(agent)
+	m.mu.Lock()
+	m.tickets[rec.ID] = tk
+	m.mu.Unlock()
 }
 
 func (m *Manager) adoptPaused(rec *store.Sandbox, stopped bool) {

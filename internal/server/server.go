@@ -54,7 +54,8 @@ type Config struct {
 	TemplateCache string
 	// MaxOutput bounds stdout/stderr returned by exec (default 1 MiB each).
 	MaxOutput int
-	// MaxSandboxes caps running sandboxes (default 50).
+	// MaxSandboxes caps running sandboxes: it is the default of
+	// Admission.MaxConcurrent (0: govern.DefaultMaxConcurrent, 10).
 	MaxSandboxes int
 	// KillGrace is the time between SIGTERM and SIGKILL when a sandbox is
 	// killed (default 3 s).
@@ -292,8 +293,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	var wd *watchdog.Watchdog
 	mgr = sandbox.New(sandbox.Config{
-		MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace,
-		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
+		KillGrace: cfg.KillGrace, Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: vols, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
 		TemplateDir: filepath.Join(cfg.DataDir, "template-versions"), IDBase: ids.Base,
