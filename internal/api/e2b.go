@@ -598,7 +598,7 @@ func (s *Server) e2bEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	r2 := r.Clone(ctx)
-	r2.Header.Del("X-API-Key")
+	s.stripCredentials(r2, true)
 	s.agent.ServeHTTP(w, r2)
 }
 
@@ -624,6 +624,7 @@ func (s *Server) e2bSignedFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r2 := r.Clone(sandbox.WithoutToken(withSandboxID(r.Context(), id)))
+	s.stripCredentials(r2, true)
 	s.agent.ServeHTTP(w, r2)
 }
 

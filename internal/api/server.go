@@ -8,7 +8,6 @@ import (
 	"crypto/subtle"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 
 	"github.com/corralhq/corral/internal/audit"
@@ -153,8 +152,8 @@ func apiKey(r *http.Request) string {
 	if k := r.Header.Get("X-API-Key"); k != "" {
 		return k
 	}
-	if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-		return strings.TrimSpace(a[7:])
+	if k, ok := bearerToken(r.Header.Get("Authorization")); ok {
+		return k
 	}
 	return ""
 }
