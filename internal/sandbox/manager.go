@@ -160,6 +160,10 @@ type Manager struct {
 	mu sync.Mutex
 	// live holds the sandboxes this process runs, by id.
 	live map[string]*liveSandbox
+	// signers is a copy of the ids and access tokens of live, replaced
+	// (under mu) whenever live changes and read without a lock by
+	// FindByToken.
+	signers atomic.Pointer[[]signer]
 
 	clients agentClients
 
@@ -495,7 +499,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	started := time.Now() // admitted: what follows is the start itself
 	m.mu.Lock()
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
-	m.live[rec.ID] = ls
+	m.addLive(ls)
 	m.mu.Unlock()
 	if pd != nil {
 		m.unpool(pd.id) // live now: the reaper sees it as such
@@ -563,7 +567,27 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 func (m *Manager) forget(id string) {
 	m.mu.Lock()
 	delete(m.live, id)
+	m.setSigners()
 	m.mu.Unlock()
+}
+
+// addLive makes ls a live sandbox; m.mu must be held.
+func (m *Manager) addLive(ls *liveSandbox) {
+	m.live[ls.rec.ID] = ls
+	m.setSigners()
+}
+
+// signer is a live sandbox's id and access token, for FindByToken.
+type signer struct{ id, token string }
+
+// setSigners republishes the signers of the live sandboxes after m.live
+// changed; m.mu must be held. The slice is never changed once published.
+func (m *Manager) setSigners() {
+	out := make([]signer, 0, len(m.live))
+	for id, ls := range m.live {
+		out = append(out, signer{id: id, token: ls.rec.AccessToken})
+	}
+	m.signers.Store(&out)
 }
 
 func (m *Manager) expire(id string) {
@@ -807,15 +831,24 @@ func (m *Manager) AccessToken(id string) (string, bool) {
 	return ls.rec.AccessToken, true
 }
 
-// FindByToken returns the running sandbox whose access token satisfies
+// FindByToken returns the live sandbox whose access token satisfies
 // match (for requests that name no sandbox but carry a signature made
-// with its token), or "".
+// with its token), or "". The caller checks that it is running.
+//
+// Such requests are unauthenticated, so FindByToken never takes m.mu: it
+// reads the published signers (setSigners) without a lock, and no caller
+// can hold the Manager's lock for as long as it makes match run. It calls
+// match once per live sandbox, which is unavoidable when the request names
+// none (the signature is a hash over the token); the caller makes each
+// call's cost independent of the request's size (e2bSignedFiles).
 func (m *Manager) FindByToken(match func(token string) bool) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for id, ls := range m.live {
-		if !ls.ending && !ls.paused && match(ls.rec.AccessToken) {
-			return id
+	p := m.signers.Load()
+	if p == nil {
+		return ""
+	}
+	for _, sg := range *p {
+		if match(sg.token) {
+			return sg.id
 		}
 	}
 	return ""
@@ -1074,7 +1107,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 func (m *Manager) adopt(rec *store.Sandbox) {
 	m.mu.Lock()
 	id := rec.ID
-	m.live[id] = &liveSandbox{rec: rec, timer: time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(id) })}
+	m.addLive(&liveSandbox{rec: rec, timer: time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(id) })})
 	m.mu.Unlock()
 	m.adoptGoverned(rec)
 	m.log.Info("adopted running sandbox", "id", id)
@@ -1100,7 +1133,7 @@ func (m *Manager) adoptPaused(rec *store.Sandbox, stopped bool) {
 	m.mu.Lock()
 	// stopped is set before the sandbox is visible, so that the death
 	// check never takes a persisted sandbox for a dead one.
-	m.live[rec.ID] = &liveSandbox{rec: rec, paused: true, stopped: stopped, remaining: max(time.Until(rec.ExpiresAt), time.Minute)}
+	m.addLive(&liveSandbox{rec: rec, paused: true, stopped: stopped, remaining: max(time.Until(rec.ExpiresAt), time.Minute)})
 	m.mu.Unlock()
 	m.adoptGoverned(rec)
 	m.log.Info("adopted paused sandbox", "id", rec.ID)
