@@ -72,10 +72,10 @@ func TestCapacityRefusal(t *testing.T) {
 		}
 	})
 	t.Run("cli", func(t *testing.T) {
-		for _, args := range [][]string{{"sandbox", "create"}, {"run", "--", "true"}} {
-			out, errOut, code := corralCLIAt(t, s.url, s.key, "", args...)
+		for _, argv := range []struct{ path, args []string }{{[]string{"sandbox", "create"}, nil}, {[]string{"run"}, []string{"--", "true"}}} {
+			out, errOut, code := corralAt(t, s.url, s.key, argv.path, argv.args...)
 			if code != 75 || out != "" || !strings.Contains(errOut, "(capacity_exceeded, retry after ") {
-				t.Fatalf("corral %v: exit %d stdout %q stderr %q; want exit 75 and the code on stderr", args, code, out, errOut)
+				t.Fatalf("corral %v: exit %d stdout %q stderr %q; want exit 75 and the code on stderr", argv.path, code, out, errOut)
 			}
 		}
 	})

@@ -15,14 +15,8 @@ import (
 // stdout, stderr and the exit code.
 func corralCLI(t *testing.T, stdin string, args ...string) (string, string, int) {
 	t.Helper()
-	return corralCLIAt(t, env.url, env.key, stdin, args...)
-}
-
-// corralCLIAt is corralCLI against the server at url with API key key.
-func corralCLIAt(t *testing.T, url, key, stdin string, args ...string) (string, string, int) {
-	t.Helper()
 	cmd := exec.Command(env.bin, args...)
-	cmd.Env = append(os.Environ(), "CORRAL_URL="+url, "CORRAL_API_KEY="+key)
+	cmd.Env = append(os.Environ(), "CORRAL_URL="+env.url, "CORRAL_API_KEY="+env.key)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
