@@ -247,4 +247,3 @@ func BenchmarkSignedMatch(b *testing.B) {
 		})
 	}
 }
-

@@ -66,4 +66,3 @@ func TestFindByTokenLockFree(t *testing.T) {
 		t.Fatalf("after a forget, another sandbox: %q, want sb12", id)
 	}
 }
-

@@ -19,16 +19,16 @@ import (
 // same vocabulary where one applies, else they keep their Connect code name
 // (for example "already_exists" or "permission_denied").
 const (
-	CodeInvalidJSON       = "invalid_json"
-	CodeInvalidArgument   = "invalid_argument"
-	CodeUnauthenticated   = "unauthenticated"
-	CodeNotFound          = "not_found"
-	CodeConflict          = "conflict"
-	CodeBodyTooLarge      = "body_too_large"
-	CodeCapacityExceeded  = "capacity_exceeded"
+	CodeInvalidJSON      = "invalid_json"
+	CodeInvalidArgument  = "invalid_argument"
+	CodeUnauthenticated  = "unauthenticated"
+	CodeNotFound         = "not_found"
+	CodeConflict         = "conflict"
+	CodeBodyTooLarge     = "body_too_large"
+	CodeCapacityExceeded = "capacity_exceeded"
 	// CodeTooManyStreams: the API key holds as many streams (commands,
 	// watches, file transfers, exec calls) open as the server allows.
-	CodeTooManyStreams = "too_many_streams"
+	CodeTooManyStreams    = "too_many_streams"
 	CodeInternal          = "internal"
 	CodeUnavailable       = "unavailable"
 	CodeAlreadyExists     = "already_exists"
