@@ -101,14 +101,11 @@ func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 }
 
 // apiFailure maps request errors: invalid arguments are usage errors
-// (exit 2), capacity refusals exit ExitCapacity (75), the rest are
-// returned for main to print (exit 1). main prints each with its code.
+// (exit 2), the rest are returned for main to print (exit 1, or
+// ExitCapacity for a refusal worth retrying: failureCode).
 func apiFailure(cmd *cobra.Command, err error) error {
-	switch {
-	case corral.IsInvalidArgument(err):
+	if corral.IsInvalidArgument(err) {
 		return usageError(cmd, "%v", err)
-	case corral.IsCapacityExceeded(err), errors.Is(err, &corral.APIError{Code: corral.CodeTooManyStreams}):
-		return printedExit{err: err, code: ExitCapacity}
 	}
 	return err
 }

@@ -1,6 +1,10 @@
 package main
 
-import "errors"
+import (
+	"errors"
+
+	corral "github.com/corralhq/corral/sdk/go"
+)
 
 // exitCoder is an error that carries the process exit code corral should
 // exit with (for example the exit code of a command run in a sandbox).
@@ -22,13 +26,11 @@ func (e exitError) ExitCode() int { return e.code }
 // succeed after the Retry-After the message names (docs/cli.md).
 const ExitCapacity = 75
 
-// printedExit is an error main prints ("corral: " and its message) before
-// exiting with its own code.
-type printedExit struct {
-	err  error
-	code int
+// failureCode is the exit code of an error main prints: ExitCapacity for
+// a refusal worth retrying later, else 1.
+func failureCode(err error) int {
+	if corral.IsCapacityExceeded(err) || errors.Is(err, &corral.APIError{Code: corral.CodeTooManyStreams}) {
+		return ExitCapacity
+	}
+	return 1
 }
-
-func (e printedExit) Error() string { return trimmedError{e.err}.Error() }
-func (e printedExit) Unwrap() error { return e.err }
-func (e printedExit) ExitCode() int { return e.code }

@@ -21,12 +21,9 @@ func main() {
 	if err := root.Execute(); err != nil {
 		var ec exitCoder
 		if asExitCoder(err, &ec) {
-			if pe, ok := ec.(printedExit); ok {
-				fmt.Fprintln(os.Stderr, "corral:", pe.Error())
-			}
 			os.Exit(ec.ExitCode())
 		}
 		fmt.Fprintln(os.Stderr, "corral:", err)
-		os.Exit(1)
+		os.Exit(failureCode(err))
 	}
 }
