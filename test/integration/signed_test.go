@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -176,5 +177,44 @@ func TestStreamLimitPerKey(t *testing.T) {
 	})
 	if n := running(); n != 1 {
 		t.Fatalf("%d commands running; want the one still held", n)
+	}
+
+	// envd traffic counts per sandbox, whatever API key is held: two
+	// command streams of the E2B SDK's shape fill this sandbox's share.
+	var info struct {
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	if status, _, body := rest(t, s.url, s.key, "GET", "/sandboxes/"+sb.ID, nil, &info); status != 200 || info.EnvdAccessToken == "" {
+		t.Fatalf("E2B get: %d %s", status, body)
+	}
+	envdStart := func(c context.Context) (*http.Response, error) {
+		msg := []byte(`{"process":{"cmd":"/bin/sh","args":["-c","sleep 3600"]}}`)
+		frame := append([]byte{0, byte(len(msg) >> 24), byte(len(msg) >> 16), byte(len(msg) >> 8), byte(len(msg))}, msg...)
+		req, _ := http.NewRequestWithContext(c, "POST", s.url+"/process.Process/Start", bytes.NewReader(frame))
+		req.Header.Set("E2b-Sandbox-Id", sb.ID)
+		req.Header.Set("E2b-Sandbox-Port", "49983")
+		req.Header.Set("X-Access-Token", info.EnvdAccessToken)
+		req.Header.Set("Authorization", "Basic dXNlcjo=") // user "user"
+		req.Header.Set("Content-Type", "application/connect+json")
+		req.Header.Set("Connect-Protocol-Version", "1")
+		return http.DefaultClient.Do(req)
+	}
+	envdCtx, cancelEnvd := context.WithCancel(ctx)
+	defer cancelEnvd()
+	for range 2 {
+		resp, err := envdStart(envdCtx)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("an envd command stream: %v %v", resp, err)
+		}
+		defer resp.Body.Close()
+	}
+	resp, err := envdStart(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 429 || !strings.Contains(string(b), `"code":429`) || !strings.Contains(string(b), "too_many_streams") || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("a third envd stream of the sandbox: %d %s (Retry-After %q); want 429 too_many_streams", resp.StatusCode, b, resp.Header.Get("Retry-After"))
 	}
 }
