@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/api"
+	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/server"
 )
 
