@@ -101,7 +101,8 @@ func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 }
 
 // apiFailure maps request errors: invalid arguments are usage errors
-// (exit 2), the rest are returned for main to print (exit 1).
+// (exit 2), the rest are returned for main to print (exit 1, or
+// ExitCapacity for a refusal worth retrying: failureCode).
 func apiFailure(cmd *cobra.Command, err error) error {
 	if corral.IsInvalidArgument(err) {
 		return usageError(cmd, "%v", err)

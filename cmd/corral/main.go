@@ -24,6 +24,6 @@ func main() {
 			os.Exit(ec.ExitCode())
 		}
 		fmt.Fprintln(os.Stderr, "corral:", err)
-		os.Exit(1)
+		os.Exit(failureCode(err))
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/corralhq/corral/internal/api"
 	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/server"
 )
@@ -65,6 +66,10 @@ func newServeCmd() *cobra.Command {
 	f.Int64Var(&cfg.EgressLimits.MaxBytes, "egress-max-bytes", 0, "egress bytes up+down per sandbox over its life (default 1 GiB)")
 	f.IntVar(&cfg.EgressLimits.RequestsPerMinute, "egress-rpm", 0, "egress requests/connections per minute per sandbox (default 600)")
 	f.StringVar(&cfg.E2BInternet, "e2b-internet", "none", "network mode of E2B sandboxes created with internet access and no allowOut: none or all-public")
+	f.DurationVar(&cfg.HTTPHeaderTimeout, "http-header-timeout", server.DefaultHTTPHeaderTimeout, "time a client has to send a request's headers")
+	f.DurationVar(&cfg.HTTPIdleTimeout, "http-idle-timeout", server.DefaultHTTPIdleTimeout, "keep-alive connections idle this long between requests are closed")
+	f.DurationVar(&cfg.HTTPStallTimeout, "http-stall-timeout", api.DefaultStallTimeout, "one read of a request body or one write of a response blocked this long cuts the connection (streams that keep moving are never cut)")
+	f.IntVar(&cfg.MaxStreamsPerKey, "max-streams-per-key", api.DefaultMaxStreamsPerKey, "streams (commands, watches, file transfers, exec calls, template builds) one API key or one sandbox's envd credential may hold open; more get 429 too_many_streams")
 	f.BoolVar(&cfg.RefuseEnvSecrets, "refuse-env-secrets", false, "refuse sandboxes whose env vars look like secrets (default: accept with a warning)")
 	f.Var(idRangeFlag{&cfg.IDRange}, "uid-range", "host uid/gid range sandboxes map to, BASE[:65536]; must not overlap /etc/subuid, /etc/subgid or a user or group (default: the data dir's, else corral's entry in /etc/subuid, else a free one from 1073741824 up, recorded there)")
 	f.Var(idFilesFlag{&cfg.IDFiles}, "id-files", "read subuid, subgid, passwd and group from DIR instead of /etc (for tests)")

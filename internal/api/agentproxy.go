@@ -43,7 +43,7 @@ func (s *Server) agentRoute(w http.ResponseWriter, r *http.Request) {
 	r2 := r.Clone(withSandboxID(r.Context(), id))
 	r2.URL.Path = strings.TrimPrefix(r.URL.Path, prefix)
 	r2.URL.RawPath = ""
-	r2.Header.Del("X-API-Key")
+	s.stripCredentials(r2, true)
 	s.agent.ServeHTTP(w, r2)
 }
 

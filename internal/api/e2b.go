@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"math"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 )
@@ -232,6 +234,7 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.mgr.Create(r.Context(), cr)
 	if err != nil {
 		var inv *sandbox.InvalidError
+		var capErr *govern.CapacityError
 		switch {
 		case errors.As(err, &inv):
 			if strings.Contains(inv.Msg, "no such template") {
@@ -239,9 +242,11 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			e2bError(w, http.StatusBadRequest, inv.Msg)
-		case errors.Is(err, sandbox.ErrCapacity):
-			w.Header().Set("Retry-After", "5")
-			e2bError(w, http.StatusTooManyRequests, err.Error())
+		case errors.As(err, &capErr):
+			// The SDK raises RateLimitError on 429; the message starts
+			// with the native code, capacity_exceeded.
+			setRetryAfter(w, capErr)
+			e2bError(w, http.StatusTooManyRequests, capErr.Error())
 		case errors.Is(err, sandbox.ErrNetworkUnavailable), errors.Is(err, sandbox.ErrVolumesUnavailable):
 			e2bError(w, http.StatusServiceUnavailable, err.Error())
 		default:
@@ -593,14 +598,32 @@ func (s *Server) e2bEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		e2bError(w, http.StatusUnauthorized, e2bUnauthorized)
 		return
 	}
+	if r.URL.Path != "/health" {
+		release, ok := s.sandboxStream(w, id)
+		if !ok {
+			return
+		}
+		defer release()
+	}
 	r2 := r.Clone(ctx)
-	r2.Header.Del("X-API-Key")
+	s.stripCredentials(r2, true)
 	s.agent.ServeHTTP(w, r2)
 }
 
 // e2bSignedFiles serves a signed /files URL that names no sandbox (the
 // SDK's uploadUrl/downloadUrl with E2B_SANDBOX_URL): the sandbox is the
 // one whose token produced the signature.
+//
+// The request is unauthenticated and its path, user and expiry are the
+// caller's to size, so the lookup defends against making the server work
+// in proportion to them once per sandbox, or under the Manager's lock (as
+// it did): a signature that cannot be one is refused before any hashing,
+// the caller-sized prefix of the signed message is hashed once, and each
+// live sandbox costs one clone of that state and a fixed-size tail (its
+// token and the expiry, at most 20 digits), read from a lock-free copy of
+// the tokens (sandbox.Manager.FindByToken). Every refusal is the same
+// answer, 401 "invalid signature", whether the signature is malformed,
+// made with a wrong token or for no sandbox there is.
 func (s *Server) e2bSignedFiles(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	op := "read"
@@ -612,25 +635,62 @@ func (s *Server) e2bSignedFiles(w http.ResponseWriter, r *http.Request) {
 		e2bError(w, http.StatusUnauthorized, "missing signature query parameter")
 		return
 	}
-	id := s.mgr.FindByToken(func(token string) bool {
-		return subtle.ConstantTimeCompare([]byte(signFiles(q.Get("path"), op, q.Get("username"), token, q.Get("signature_expiration"))), []byte(sig)) == 1
-	})
-	if id == "" {
+	exp := q.Get("signature_expiration")
+	var id string
+	if wellFormedSignature(sig, exp) {
+		prefix := sha256.New()
+		io.WriteString(prefix, q.Get("path")+":"+op+":"+q.Get("username")+":")
+		id = s.mgr.FindByToken(func(token string) bool {
+			return subtle.ConstantTimeCompare([]byte(signTail(prefix, token, exp)), []byte(sig)) == 1
+		})
+	}
+	if id == "" || !s.mgr.Running(id) {
 		e2bError(w, http.StatusUnauthorized, "invalid signature")
 		return
 	}
+	release, ok := s.sandboxStream(w, id)
+	if !ok {
+		return
+	}
+	defer release()
 	r2 := r.Clone(sandbox.WithoutToken(withSandboxID(r.Context(), id)))
+	s.stripCredentials(r2, true)
 	s.agent.ServeHTTP(w, r2)
 }
 
-// signFiles computes envd's v1 URL signature (e2b-compat.md §4.4).
-func signFiles(path, op, user, token, exp string) string {
-	msg := path + ":" + op + ":" + user + ":" + token
-	if exp != "" {
-		msg += ":" + exp
+// signatureLen is the length of a v1 signature: "v1_" and the unpadded
+// base64 of a SHA-256 sum.
+const signatureLen = 3 + 43
+
+// wellFormedSignature reports whether sig and exp can be a v1 signature
+// and its expiry (unix seconds, at most 20 digits), so that anything else
+// is refused without hashing.
+func wellFormedSignature(sig, exp string) bool {
+	if len(sig) != signatureLen || !strings.HasPrefix(sig, "v1_") || len(exp) > 20 {
+		return false
 	}
-	sum := sha256.Sum256([]byte(msg))
-	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+	for _, c := range exp {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// signTail finishes envd's v1 URL signature (e2b-compat.md §4.4),
+// v1_ and base64(sha256("path:op:user:token[:exp]")), from the hash of its
+// prefix "path:op:user:", which it leaves unchanged.
+func signTail(prefix hash.Hash, token, exp string) string {
+	h, err := prefix.(hash.Cloner).Clone()
+	if err != nil {
+		panic(err) // crypto/sha256 always clones
+	}
+	io.WriteString(h, token)
+	if exp != "" {
+		io.WriteString(h, ":"+exp)
+	}
+	sum := h.Sum(nil)
+	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum), "=")
 }
 
 // e2bHost parses a <port>-<id>.<domain> host name.

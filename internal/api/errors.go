@@ -53,6 +53,13 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 	writeJSON(w, status, apiError{Code: code, Message: msg})
 }
 
+// setRetryAfter sets the Retry-After header of a capacity refusal, in
+// whole seconds (at least 1). Native and E2B answers both use it, so that
+// a refused create carries the same hint on either API.
+func setRetryAfter(w http.ResponseWriter, capErr *govern.CapacityError) {
+	w.Header().Set("Retry-After", retryAfter(capErr.RetryAfter.Seconds()))
+}
+
 // writeErr maps an internal error to a status and stable code. Internal
 // errors are logged in full but answered without detail, so that host
 // paths never reach a caller.
@@ -67,8 +74,8 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &trip):
 		writeError(w, http.StatusForbidden, trip.Code, trip.Msg)
 	case errors.As(err, &capErr):
-		w.Header().Set("Retry-After", retryAfter(capErr.RetryAfter.Seconds()))
-		writeJSON(w, http.StatusTooManyRequests, apiError{Code: CodeCapacityExceeded, Message: capErr.Error()})
+		setRetryAfter(w, capErr)
+		writeJSON(w, http.StatusTooManyRequests, apiError{Code: CodeCapacityExceeded, Message: capErr.Msg})
 	case errors.As(err, &ginv):
 		writeError(w, http.StatusBadRequest, CodeInvalidArgument, ginv.Msg)
 	case errors.As(err, &inv):
@@ -91,8 +98,6 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "not found (it ended or was deleted during the call)")
 	case errors.Is(err, sandbox.ErrConflict):
 		writeError(w, http.StatusConflict, CodeConflict, "the sandbox's state does not allow this (paused or running already)")
-	case errors.Is(err, sandbox.ErrCapacity):
-		writeError(w, http.StatusTooManyRequests, CodeCapacityExceeded, err.Error())
 	default:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error; see the server log")

@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/corralhq/corral/internal/sandbox"
 )
@@ -63,6 +65,48 @@ func (s *Server) sandboxPort(w http.ResponseWriter, r *http.Request, id string, 
 		return
 	}
 	ctx := context.WithValue(r.Context(), portKey{}, portTarget{id: id, port: port})
+	r2 := r.Clone(ctx)
+	s.stripCredentials(r2, false)
 	_ = http.NewResponseController(w).EnableFullDuplex() // see newAgentProxy
-	s.ports.ServeHTTP(w, r.WithContext(ctx))
+	s.ports.ServeHTTP(w, r2)
+}
+
+// stripCredentials removes corral's own credentials from a request about
+// to leave corral for a sandbox, whose code must never learn the caller's
+// API key: X-API-Key and X-Access-Token (the headers of corral's and
+// envd's credentials) always, and an Authorization header with a Bearer
+// token that is, or has the shape of, a corral API key ("e2b_" and 40 hex
+// digits). With anyBearer (the agent, which reads only Basic
+// Authorization for the user) every Bearer token goes. Other
+// Authorization values, an app's own, pass.
+func (s *Server) stripCredentials(r *http.Request, anyBearer bool) {
+	r.Header.Del("X-API-Key")
+	r.Header.Del("X-Access-Token")
+	for _, a := range r.Header.Values("Authorization") {
+		tok, ok := bearerToken(a)
+		if !ok {
+			continue
+		}
+		if anyBearer || apiKeyShape.MatchString(tok) {
+			r.Header.Del("Authorization")
+			return
+		}
+		if valid, err := s.store.CheckAPIKey(r.Context(), tok); err != nil || valid {
+			// On a failed check the header goes too: better an app
+			// misses its header than a key leaks.
+			r.Header.Del("Authorization")
+			return
+		}
+	}
+}
+
+// apiKeyShape matches the keys corral issues (E2B's shape).
+var apiKeyShape = regexp.MustCompile(`^e2b_[0-9a-fA-F]{40}$`)
+
+// bearerToken returns the token of a "Bearer TOKEN" Authorization value.
+func bearerToken(a string) (string, bool) {
+	if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+		return strings.TrimSpace(a[7:]), true
+	}
+	return "", false
 }

@@ -8,8 +8,8 @@ import (
 	"crypto/subtle"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
+	"time"
 
 	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
@@ -37,6 +37,14 @@ type Config struct {
 	// Metrics serves GET /metrics (Prometheus text format) to callers
 	// with an API key; nil leaves the route out.
 	Metrics http.Handler
+	// StallTimeout is how long one read of a request body or one write
+	// of a response may block before the connection is cut (default
+	// DefaultStallTimeout, 1 min; negative: never).
+	StallTimeout time.Duration
+	// MaxStreamsPerKey is how many streams one API key (or one
+	// sandbox's envd credential) may hold open at once; more are refused
+	// with 429 too_many_streams (default DefaultMaxStreamsPerKey, 256).
+	MaxStreamsPerKey int
 }
 
 // Server serves the API.
@@ -49,6 +57,10 @@ type Server struct {
 	agent http.Handler
 	ports http.Handler
 	gov   *govern.Governor
+	// streams bounds the open streams per credential.
+	streams *streamLimit
+	// handler is the routing with the progress deadlines around it.
+	handler http.Handler
 
 	cpuMu sync.Mutex
 	// cpuPrev holds the previous metrics sample per sandbox; guarded by cpuMu.
@@ -60,7 +72,12 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 	if cfg.MaxOutput <= 0 {
 		cfg.MaxOutput = 1 << 20
 	}
-	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor}
+	if cfg.StallTimeout == 0 {
+		cfg.StallTimeout = DefaultStallTimeout
+	}
+	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor,
+		streams: newStreamLimit(cfg.MaxStreamsPerKey)}
+	s.handler = progressDeadlines(cfg.StallTimeout, http.HandlerFunc(s.route))
 	s.agent = newAgentProxy(mgr, log)
 	s.ports = newPortProxy(mgr, log)
 	s.routes()
@@ -84,7 +101,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/sandboxes/{id}", s.auth(s.getSandbox))
 	s.mux.Handle("DELETE /v1/sandboxes/{id}", s.auth(s.killSandbox))
 	s.mux.Handle("POST /v1/sandboxes/{id}/timeout", s.auth(s.setTimeout))
-	s.mux.Handle("POST /v1/sandboxes/{id}/exec", s.auth(s.exec))
+	s.mux.Handle("POST /v1/sandboxes/{id}/exec", s.auth(s.streamed(s.exec)))
 	s.mux.Handle("POST /v1/sandboxes/{id}/pause", s.auth(s.pauseSandbox))
 	s.mux.Handle("POST /v1/sandboxes/{id}/resume", s.auth(s.resumeSandbox))
 	s.mux.Handle("GET /v1/sandboxes/{id}/commands", s.auth(s.listCommands))
@@ -102,8 +119,8 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/snapshots/{id}", s.auth(s.getSnapshot))
 	s.mux.Handle("DELETE /v1/snapshots/{id}", s.auth(s.deleteSnapshot))
 	s.mux.Handle("GET /v1/templates", s.auth(s.listTemplates))
-	s.mux.Handle("POST /v1/templates/builds", s.auth(s.buildTemplate))
-	s.mux.Handle("POST /v1/templates/import", s.auth(s.importTemplate))
+	s.mux.Handle("POST /v1/templates/builds", s.auth(s.streamed(s.buildTemplate)))
+	s.mux.Handle("POST /v1/templates/import", s.auth(s.streamed(s.importTemplate)))
 	s.mux.Handle("POST /v1/sandboxes/{id}/template", s.auth(s.saveTemplate))
 	s.mux.Handle("GET /v1/templates/{ref}/inspect", s.auth(s.inspectTemplate))
 	s.mux.Handle("GET /v1/templates/{ref}", s.auth(s.getTemplate))
@@ -118,17 +135,21 @@ func (s *Server) routes() {
 	s.mux.Handle("PATCH /v1/tasks/{id}", s.auth(s.changeTask))
 	s.mux.Handle("DELETE /v1/tasks/{id}", s.auth(s.endTask))
 	s.mux.Handle("POST /v1/tasks/{id}/tokens", s.auth(s.reportTokens))
-	s.mux.Handle("/v1/sandboxes/{id}/agent/", s.auth(s.agentRoute))
+	s.mux.Handle("/v1/sandboxes/{id}/agent/", s.auth(s.streamed(s.agentRoute)))
 	s.e2bRoutes()
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path)
 	})
 }
 
-// ServeHTTP implements http.Handler. E2B envd traffic is recognised
-// first: by the E2b-Sandbox-Id header, by a <port>-<id>.<domain> host
-// name, or as a signed /files URL; everything else goes to the routes.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP implements http.Handler: every request is routed with the
+// progress deadlines of Config.StallTimeout.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// route routes a request. E2B envd traffic is recognised first: by the
+// E2b-Sandbox-Id header, by a <port>-<id>.<domain> host name, or as a
+// signed /files URL; everything else goes to the routes.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
 		s.e2bEnvd(w, r, id)
 		return
@@ -153,8 +174,8 @@ func apiKey(r *http.Request) string {
 	if k := r.Header.Get("X-API-Key"); k != "" {
 		return k
 	}
-	if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-		return strings.TrimSpace(a[7:])
+	if k, ok := bearerToken(r.Header.Get("Authorization")); ok {
+		return k
 	}
 	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 )
@@ -228,12 +229,24 @@ func (s *Server) e2bFork(w http.ResponseWriter, r *http.Request) {
 		e2bError(w, http.StatusBadRequest, inv.Msg)
 		return
 	}
+	// A fork refused for capacity is a 429 (the SDK's RateLimitError),
+	// for the whole call when no fork started, else in its error entry.
+	code := http.StatusInternalServerError
+	var capErr *govern.CapacityError
+	if errors.As(err, &capErr) {
+		code = http.StatusTooManyRequests
+		if len(sbs) == 0 {
+			setRetryAfter(w, capErr)
+			e2bError(w, code, capErr.Error())
+			return
+		}
+	}
 	out := []map[string]any{}
 	for _, sb := range sbs {
 		out = append(out, map[string]any{"sandbox": e2bSandboxOf(sb)})
 	}
 	if err != nil {
-		out = append(out, map[string]any{"error": map[string]any{"code": 500, "message": err.Error()}})
+		out = append(out, map[string]any{"error": map[string]any{"code": code, "message": err.Error()}})
 	}
 	writeJSON(w, http.StatusCreated, out)
 }

@@ -47,17 +47,14 @@ func (m *Manager) admit(ctx context.Context, req *CreateRequest, rec *store.Sand
 			agent = task.Agent
 		}
 	}
-	if adm != nil {
-		tk, err := adm.Acquire(ctx, agent)
-		if err != nil {
-			return release, err
-		}
-		rel := release
-		release = func() { rel(); tk.Release() }
-		m.mu.Lock()
-		m.tickets[rec.ID] = tk
-		m.mu.Unlock()
+	tk, err := adm.Acquire(ctx, agent)
+	if err != nil {
+		return release, err
 	}
+	release = func() { tk.Release() }
+	m.mu.Lock()
+	m.tickets[rec.ID] = tk
+	m.mu.Unlock()
 	if gov == nil {
 		return release, nil
 	}

@@ -34,8 +34,6 @@ import (
 var (
 	// ErrNotFound: no such sandbox, or it has ended.
 	ErrNotFound = errors.New("sandbox not found")
-	// ErrCapacity: the server runs its maximum number of sandboxes.
-	ErrCapacity = errors.New("too many sandboxes running")
 	// ErrConflict: the sandbox is not in a state that allows the call
 	// (pausing a paused sandbox, resuming a running one).
 	ErrConflict = errors.New("sandbox state does not allow this")
@@ -85,8 +83,6 @@ type Config struct {
 	DefaultTTL time.Duration
 	// KillGrace is the time between SIGTERM and SIGKILL on kill (3 s).
 	KillGrace time.Duration
-	// MaxSandboxes caps running sandboxes (default 50).
-	MaxSandboxes int
 	// WatchInterval is how often running sandboxes are checked for death (1 s).
 	WatchInterval time.Duration
 	// Gateway gives sandboxes their network; nil means networking is
@@ -101,8 +97,9 @@ type Config struct {
 	Audit *audit.Log
 	// Governor, when set, keeps tasks: budgets, breakers, loop detection.
 	Governor *govern.Governor
-	// Admission, when set, limits running sandboxes globally and per agent
-	// (it replaces MaxSandboxes).
+	// Admission limits running sandboxes globally and per agent; it is
+	// the only capacity check, and a refusal is a *govern.CapacityError
+	// (nil: an Admission with govern's defaults).
 	Admission *govern.Admission
 	// ArtifactDir receives artifacts archived from sandboxes of tripped
 	// tasks before they are killed.
@@ -143,8 +140,8 @@ func (c *Config) setDefaults() {
 	if c.KillGrace == 0 {
 		c.KillGrace = 3 * time.Second
 	}
-	if c.MaxSandboxes == 0 {
-		c.MaxSandboxes = 50
+	if c.Admission == nil {
+		c.Admission = govern.NewAdmission(govern.AdmissionConfig{})
 	}
 	if c.WatchInterval == 0 {
 		c.WatchInterval = time.Second
@@ -163,6 +160,10 @@ type Manager struct {
 	mu sync.Mutex
 	// live holds the sandboxes this process runs, by id.
 	live map[string]*liveSandbox
+	// signers is a copy of the ids and access tokens of live, replaced
+	// (under mu) whenever live changes and read without a lock by
+	// FindByToken.
+	signers atomic.Pointer[[]signer]
 
 	clients agentClients
 
@@ -478,14 +479,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if err != nil {
 		return nil, err
 	}
-	if m.cfg.Admission == nil {
-		m.mu.Lock()
-		n := len(m.live)
-		m.mu.Unlock()
-		if n >= m.cfg.MaxSandboxes {
-			return nil, ErrCapacity
-		}
-	}
 	// A warm pool may already run a sandbox with these defaults.
 	var pd *pooled
 	if poolable(&req) {
@@ -506,7 +499,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	started := time.Now() // admitted: what follows is the start itself
 	m.mu.Lock()
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
-	m.live[rec.ID] = ls
+	m.addLive(ls)
 	m.mu.Unlock()
 	if pd != nil {
 		m.unpool(pd.id) // live now: the reaper sees it as such
@@ -574,7 +567,27 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 func (m *Manager) forget(id string) {
 	m.mu.Lock()
 	delete(m.live, id)
+	m.setSigners()
 	m.mu.Unlock()
+}
+
+// addLive makes ls a live sandbox; m.mu must be held.
+func (m *Manager) addLive(ls *liveSandbox) {
+	m.live[ls.rec.ID] = ls
+	m.setSigners()
+}
+
+// signer is a live sandbox's id and access token, for FindByToken.
+type signer struct{ id, token string }
+
+// setSigners republishes the signers of the live sandboxes after m.live
+// changed; m.mu must be held. The slice is never changed once published.
+func (m *Manager) setSigners() {
+	out := make([]signer, 0, len(m.live))
+	for id, ls := range m.live {
+		out = append(out, signer{id: id, token: ls.rec.AccessToken})
+	}
+	m.signers.Store(&out)
 }
 
 func (m *Manager) expire(id string) {
@@ -818,15 +831,24 @@ func (m *Manager) AccessToken(id string) (string, bool) {
 	return ls.rec.AccessToken, true
 }
 
-// FindByToken returns the running sandbox whose access token satisfies
+// FindByToken returns the live sandbox whose access token satisfies
 // match (for requests that name no sandbox but carry a signature made
-// with its token), or "".
+// with its token), or "". The caller checks that it is running.
+//
+// Such requests are unauthenticated, so FindByToken never takes m.mu: it
+// reads the published signers (setSigners) without a lock, and no caller
+// can hold the Manager's lock for as long as it makes match run. It calls
+// match once per live sandbox, which is unavoidable when the request names
+// none (the signature is a hash over the token); the caller makes each
+// call's cost independent of the request's size (e2bSignedFiles).
 func (m *Manager) FindByToken(match func(token string) bool) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for id, ls := range m.live {
-		if !ls.ending && !ls.paused && match(ls.rec.AccessToken) {
-			return id
+	p := m.signers.Load()
+	if p == nil {
+		return ""
+	}
+	for _, sg := range *p {
+		if match(sg.token) {
+			return sg.id
 		}
 	}
 	return ""
@@ -1085,7 +1107,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 func (m *Manager) adopt(rec *store.Sandbox) {
 	m.mu.Lock()
 	id := rec.ID
-	m.live[id] = &liveSandbox{rec: rec, timer: time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(id) })}
+	m.addLive(&liveSandbox{rec: rec, timer: time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(id) })})
 	m.mu.Unlock()
 	m.adoptGoverned(rec)
 	m.log.Info("adopted running sandbox", "id", id)
@@ -1101,19 +1123,17 @@ func (m *Manager) adoptGoverned(rec *store.Sandbox) {
 		}
 		m.cfg.Governor.AdoptSandbox(context.Background(), rec.TaskID, rec.ID)
 	}
-	if m.cfg.Admission != nil {
-		tk := m.cfg.Admission.Adopt(agent)
-		m.mu.Lock()
-		m.tickets[rec.ID] = tk
-		m.mu.Unlock()
-	}
+	tk := m.cfg.Admission.Adopt(agent)
+	m.mu.Lock()
+	m.tickets[rec.ID] = tk
+	m.mu.Unlock()
 }
 
 func (m *Manager) adoptPaused(rec *store.Sandbox, stopped bool) {
 	m.mu.Lock()
 	// stopped is set before the sandbox is visible, so that the death
 	// check never takes a persisted sandbox for a dead one.
-	m.live[rec.ID] = &liveSandbox{rec: rec, paused: true, stopped: stopped, remaining: max(time.Until(rec.ExpiresAt), time.Minute)}
+	m.addLive(&liveSandbox{rec: rec, paused: true, stopped: stopped, remaining: max(time.Until(rec.ExpiresAt), time.Minute)})
 	m.mu.Unlock()
 	m.adoptGoverned(rec)
 	m.log.Info("adopted paused sandbox", "id", rec.ID)

@@ -264,11 +264,7 @@ func (m *Manager) capacityLeft() int {
 	m.mu.Lock()
 	n := len(m.live)
 	m.mu.Unlock()
-	limit := m.cfg.MaxSandboxes
-	if m.cfg.Admission != nil {
-		limit = m.cfg.Admission.Config().MaxConcurrent
-	}
-	return limit - n - m.idleCount()
+	return m.cfg.Admission.Config().MaxConcurrent - n - m.idleCount()
 }
 
 // RefillPools replaces pooled sandboxes past their idle age, tops every

@@ -54,7 +54,8 @@ type Config struct {
 	TemplateCache string
 	// MaxOutput bounds stdout/stderr returned by exec (default 1 MiB each).
 	MaxOutput int
-	// MaxSandboxes caps running sandboxes (default 50).
+	// MaxSandboxes caps running sandboxes: it is the default of
+	// Admission.MaxConcurrent (0: govern.DefaultMaxConcurrent, 10).
 	MaxSandboxes int
 	// KillGrace is the time between SIGTERM and SIGKILL when a sandbox is
 	// killed (default 3 s).
@@ -114,9 +115,32 @@ type Config struct {
 	// IDFiles are the subuid, subgid, passwd and group files the range is
 	// checked against and recorded in (zero fields: those in /etc).
 	IDFiles idrange.Files
+	// HTTPHeaderTimeout bounds reading a request's headers (default
+	// DefaultHTTPHeaderTimeout, 10 s).
+	HTTPHeaderTimeout time.Duration
+	// HTTPIdleTimeout closes a keep-alive connection idle this long
+	// between requests (default DefaultHTTPIdleTimeout, 2 min).
+	HTTPIdleTimeout time.Duration
+	// HTTPStallTimeout is how long one read of a request body or one
+	// write of a response may block before the connection is cut
+	// (default api.DefaultStallTimeout, 1 min). Streams that keep moving
+	// are never cut.
+	HTTPStallTimeout time.Duration
+	// MaxStreamsPerKey bounds the streams one API key, or one sandbox's
+	// envd credential, holds open at once (default
+	// api.DefaultMaxStreamsPerKey, 256).
+	MaxStreamsPerKey int
 	// Log is the server's logger.
 	Log *slog.Logger
 }
+
+// Defaults of the HTTP listener's timeouts (docs/configuration.md).
+const (
+	DefaultHTTPHeaderTimeout = 10 * time.Second
+	DefaultHTTPIdleTimeout   = 2 * time.Minute
+	// maxHeaderBytes bounds a request's headers (and URL).
+	maxHeaderBytes = 64 << 10
+)
 
 // Validate fills defaults and checks the configuration.
 func (c *Config) Validate() error {
@@ -128,6 +152,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
+	}
+	if c.HTTPHeaderTimeout < 0 || c.HTTPIdleTimeout < 0 || c.HTTPStallTimeout < 0 || c.MaxStreamsPerKey < 0 {
+		return errors.New("the HTTP timeouts and max-streams-per-key must not be negative")
+	}
+	if c.HTTPHeaderTimeout == 0 {
+		c.HTTPHeaderTimeout = DefaultHTTPHeaderTimeout
+	}
+	if c.HTTPIdleTimeout == 0 {
+		c.HTTPIdleTimeout = DefaultHTTPIdleTimeout
 	}
 	switch c.RunawayAction {
 	case "", "sandbox", "command":
@@ -292,8 +325,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	var wd *watchdog.Watchdog
 	mgr = sandbox.New(sandbox.Config{
-		MaxSandboxes: cfg.MaxSandboxes, KillGrace: cfg.KillGrace,
-		Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
+		KillGrace: cfg.KillGrace, Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: vols, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
 		TemplateDir: filepath.Join(cfg.DataDir, "template-versions"), IDBase: ids.Base,
@@ -326,7 +358,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			"note": "the previous run did not stop cleanly; running sandboxes were adopted, dead ones ended as orphaned, state without a record reclaimed"})
 	}
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
-		Governor: gov, Metrics: met.Handler()}, mgr, st, cfg.Log)
+		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey}, mgr, st, cfg.Log)
 	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
 		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}}, nil
 }
@@ -398,6 +430,17 @@ func (s *Server) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// HTTPServer returns the HTTP server for s.Handler with the listener's
+// bounds: headers must arrive within HTTPHeaderTimeout and stay under
+// 64 KiB, idle keep-alive connections close after HTTPIdleTimeout. There
+// is no ReadTimeout or WriteTimeout: they run from a request's start and
+// would cut every stream (commands, watches, downloads, WebSockets); the
+// API bounds each read and write instead (HTTPStallTimeout).
+func (s *Server) HTTPServer() *http.Server {
+	return &http.Server{Handler: s.Handler, ReadHeaderTimeout: s.cfg.HTTPHeaderTimeout,
+		IdleTimeout: s.cfg.HTTPIdleTimeout, MaxHeaderBytes: maxHeaderBytes}
+}
+
 // Run serves until ctx is done, then shuts down gracefully.
 func Run(ctx context.Context, cfg Config) error {
 	s, err := Open(ctx, cfg)
@@ -409,7 +452,7 @@ func Run(ctx context.Context, cfg Config) error {
 		s.Close(context.Background())
 		return fmt.Errorf("listen: %w", err)
 	}
-	hs := &http.Server{Handler: s.Handler, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
+	hs := s.HTTPServer()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	s.cfg.Log.Info("corral serving", "listen", ln.Addr().String(), "data", s.cfg.DataDir)

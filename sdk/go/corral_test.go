@@ -133,6 +133,10 @@ func TestRESTRequestsAndDecoding(t *testing.T) {
 	if !IsCapacityExceeded(err) || !errors.As(err, &ae) || ae.RetryAfter != 7*time.Second {
 		t.Fatalf("capacity: %#v", err)
 	}
+	// The hint is in the text a CLI or a log shows.
+	if err.Error() != "too many (capacity_exceeded, retry after 7s)" {
+		t.Fatalf("capacity error text %q", err.Error())
+	}
 	_, err = New(srv.URL, "wrong").List(ctx, ListOptions{})
 	if !IsUnauthenticated(err) || err.Error() != "bad key (unauthenticated)" {
 		t.Fatalf("auth: %v", err)

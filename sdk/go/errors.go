@@ -19,13 +19,16 @@ import (
 // same vocabulary where one applies, else they keep their Connect code name
 // (for example "already_exists" or "permission_denied").
 const (
-	CodeInvalidJSON       = "invalid_json"
-	CodeInvalidArgument   = "invalid_argument"
-	CodeUnauthenticated   = "unauthenticated"
-	CodeNotFound          = "not_found"
-	CodeConflict          = "conflict"
-	CodeBodyTooLarge      = "body_too_large"
-	CodeCapacityExceeded  = "capacity_exceeded"
+	CodeInvalidJSON      = "invalid_json"
+	CodeInvalidArgument  = "invalid_argument"
+	CodeUnauthenticated  = "unauthenticated"
+	CodeNotFound         = "not_found"
+	CodeConflict         = "conflict"
+	CodeBodyTooLarge     = "body_too_large"
+	CodeCapacityExceeded = "capacity_exceeded"
+	// CodeTooManyStreams: the API key holds as many streams (commands,
+	// watches, file transfers, exec calls) open as the server allows.
+	CodeTooManyStreams    = "too_many_streams"
 	CodeInternal          = "internal"
 	CodeUnavailable       = "unavailable"
 	CodeAlreadyExists     = "already_exists"
@@ -50,7 +53,8 @@ type APIError struct {
 	Status  int
 	Code    string
 	Message string
-	// RetryAfter is the server's Retry-After hint (capacity_exceeded), or 0.
+	// RetryAfter is the server's Retry-After hint (capacity_exceeded,
+	// too_many_streams), or 0.
 	RetryAfter time.Duration
 
 	cause error
@@ -67,6 +71,9 @@ func (e *APIError) Error() string {
 	}
 	if e.Code == "" {
 		return msg
+	}
+	if e.RetryAfter > 0 {
+		return fmt.Sprintf("%s (%s, retry after %v)", msg, e.Code, e.RetryAfter)
 	}
 	return fmt.Sprintf("%s (%s)", msg, e.Code)
 }

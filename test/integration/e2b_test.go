@@ -3,7 +3,6 @@ package integration
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,22 +26,7 @@ var e2bVersions = map[string]string{"e2b": "2.51.0", "e2b-2.45": "2.45.0"}
 // configured exactly as an E2B user would configure the SDK.
 func TestE2BSDK(t *testing.T) {
 	need(t)
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed: the E2B suite needs Node.js 20+")
-	}
-	for dir, want := range e2bVersions {
-		data, err := os.ReadFile(filepath.Join(e2bDir, "node_modules", dir, "package.json"))
-		if err != nil {
-			t.Skipf("the npm package %s is not installed: run `npm ci --prefix test/e2b`", dir)
-		}
-		var meta struct {
-			Version string `json:"version"`
-		}
-		if err := json.Unmarshal(data, &meta); err != nil || meta.Version != want {
-			t.Fatalf("test/e2b/node_modules/%s is version %q, the suite pins %s: run `npm ci --prefix test/e2b`", dir, meta.Version, want)
-		}
-	}
+	node := e2bNode(t)
 	files, err := filepath.Glob(filepath.Join(e2bDir, "*.test.mjs"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no test files in %s: %v", e2bDir, err)
@@ -78,8 +62,11 @@ func TestE2BSDK(t *testing.T) {
 }
 
 // e2bEnv is this process's environment without any E2B_* setting, plus
-// the three a user sets to point the SDK at corral.
-func e2bEnv() []string {
+// the three a user sets to point the SDK at the shared server.
+func e2bEnv() []string { return e2bEnvFor(env.url, env.key) }
+
+// e2bEnvFor is e2bEnv for the server at url with API key key.
+func e2bEnvFor(url, key string) []string {
 	var envv []string
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
@@ -90,7 +77,7 @@ func e2bEnv() []string {
 		}
 		envv = append(envv, kv)
 	}
-	return append(envv, "E2B_API_URL="+env.url, "E2B_SANDBOX_URL="+env.url, "E2B_VOLUME_API_URL="+env.url, "E2B_API_KEY="+env.key)
+	return append(envv, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_VOLUME_API_URL="+url, "E2B_API_KEY="+key)
 }
 
 // logLines logs out in pieces small enough for t.Log to stay readable.

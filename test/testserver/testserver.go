@@ -95,7 +95,10 @@ func StartWith(cmdDir string, level slog.Level, configure func(*server.Config)) 
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("open server: %w", err)
 	}
-	s.http = httptest.NewServer(s.Srv.Handler)
+	// The listener's bounds are the production server's.
+	s.http = httptest.NewUnstartedServer(s.Srv.Handler)
+	s.http.Config = s.Srv.HTTPServer()
+	s.http.Start()
 	s.URL, s.Key = s.http.URL, s.Srv.AdminKey
 	return s, nil
 }
