@@ -155,10 +155,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Main runs the agent: it makes itself non-dumpable, listens on
-// cfg.Socket (creating its directory, replacing a stale socket, mode 0600)
-// and serves until ctx is done or, as PID 1, SIGTERM arrives, in which case
-// every process in the sandbox is sent SIGTERM first.
+// Main runs the agent: it makes itself non-dumpable, reads and removes
+// the token file, listens on cfg.Socket (creating its directory,
+// replacing a stale socket, mode 0600) and serves until ctx is done or, as
+// PID 1, SIGTERM arrives, in which case every process in the sandbox is
+// sent SIGTERM first.
 func Main(ctx context.Context, cfg Config) error {
 	// ATTACKS #6: code in the sandbox must not ptrace the agent.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
@@ -169,6 +170,9 @@ func Main(ctx context.Context, cfg Config) error {
 	}
 	s, err := New(cfg)
 	if err != nil {
+		return err
+	}
+	if err := forgetTokenFile(cfg.TokenFile); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o700); err != nil {
@@ -216,6 +220,26 @@ func Main(ctx context.Context, cfg Config) error {
 	err = s.Serve(ctx, ln)
 	os.Remove(cfg.Socket)
 	return err
+}
+
+// forgetTokenFile removes the token file once the token is read, before
+// the agent listens and so before any code runs in the sandbox.
+//
+// The file lives in the sandbox's RunDir, where sandbox root could read it
+// (`sudo cat /run/corral/token` printed the token) and, with it, sign
+// /files URLs or call the sandbox's envd routes on the control plane as
+// its owner. Once removed, the token exists in the sandbox only in the
+// agent's memory, which sandbox root cannot read: the agent is
+// non-dumpable and sandbox root has no CAP_SYS_PTRACE.
+// TestAgentTokenNotReadable is the regression test.
+func forgetTokenFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("agent: remove token file: %w", err)
+	}
+	return nil
 }
 
 // others reports whether any process but the caller is visible in /proc

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,5 +64,52 @@ func TestMainServesOnSocket(t *testing.T) {
 	}
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind: %v", err)
+	}
+}
+
+// TestMainRemovesTokenFile: the agent removes its token file before it
+// serves, so that sandbox root cannot read the token from RunDir (it
+// printed with `sudo cat /run/corral/token`), and still requires the token.
+func TestMainRemovesTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	tok := filepath.Join(dir, "token")
+	writeFile(t, tok, "s3cret")
+	passwd := filepath.Join(dir, "passwd")
+	writeFile(t, passwd, "root:x:0:0:root:"+dir+":/bin/sh\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Main(ctx, Config{Socket: sock, TokenFile: tok, DefaultUser: "root", PasswdFile: passwd, GroupFile: passwd})
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	get := func(token string) int {
+		req, _ := http.NewRequest("POST", "http://agent/process.Process/List", strings.NewReader("{}"))
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if !eventually(5*time.Second, func() bool { return get("s3cret") == http.StatusOK }) {
+		t.Fatal("agent not serving with its token")
+	}
+	if _, err := os.Lstat(tok); !os.IsNotExist(err) {
+		t.Fatalf("token file still there while the agent serves: %v", err)
+	}
+	if code := get(""); code != http.StatusUnauthorized {
+		t.Fatalf("without the token: %d, want 401", code)
 	}
 }

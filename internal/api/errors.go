@@ -24,6 +24,9 @@ const (
 	CodeCapacityExceeded = "capacity_exceeded"
 	CodeInternal         = "internal"
 	CodeUnavailable      = "unavailable"
+	// CodeAgentReply: the sandbox's agent answered with a reply over the
+	// control plane's bounds (sandbox.ErrAgentReply).
+	CodeAgentReply = "agent_reply_refused"
 	// CodeEnvSecret: env vars look like secrets and the server refuses them.
 	CodeEnvSecret = "env_secret_refused"
 	// CodeNetworkUnavailable: a network was asked for, the server has none.

@@ -119,7 +119,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	stdout, stderr := &output.Tail{Max: s.cfg.MaxOutput}, &output.Tail{Max: s.cfg.MaxOutput}
 	for {
 		msg, err := p.Receive()
-		if isCallerError(err) {
+		if isCallerError(err) || errors.Is(err, sandbox.ErrAgentReply) {
 			s.writeAgentErr(w, r, err)
 			return
 		}
@@ -241,6 +241,12 @@ func (s *Server) writeAgentErr(w http.ResponseWriter, r *http.Request, err error
 		s.writeErr(w, r, err)
 		return
 	}
+	if errors.Is(err, sandbox.ErrAgentReply) {
+		// The message is ours (a size or an encoding), never the agent's.
+		s.log.Warn("agent reply refused", "sandbox", r.PathValue("id"), "err", err)
+		writeError(w, http.StatusBadGateway, CodeAgentReply, agentReplyMessage(err))
+		return
+	}
 	if ce := new(connect.Error); errorsAs(err, &ce) {
 		switch ce.Code() {
 		case connect.CodeInvalidArgument, connect.CodeUnauthenticated, connect.CodeNotFound:
@@ -262,4 +268,14 @@ func (s *Server) writeAgentErr(w http.ResponseWriter, r *http.Request, err error
 	}
 	s.log.Warn("agent call failed", "sandbox", r.PathValue("id"), "err", err)
 	writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the sandbox's agent did not answer")
+}
+
+// agentReplyMessage is the part of an ErrAgentReply error that the
+// control plane wrote (connect-go's wrapping around it is dropped).
+func agentReplyMessage(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, sandbox.ErrAgentReply.Error()); i >= 0 {
+		return msg[i:]
+	}
+	return sandbox.ErrAgentReply.Error()
 }

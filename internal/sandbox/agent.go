@@ -84,9 +84,10 @@ func (m *Manager) AgentHTTP(id string) *http.Client {
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return m.Dial(ctx, id)
 		},
-		MaxIdleConnsPerHost: 16,
-		IdleConnTimeout:     30 * time.Second,
-		DisableCompression:  true,
+		MaxIdleConnsPerHost:    16,
+		IdleConnTimeout:        30 * time.Second,
+		DisableCompression:     true,
+		MaxResponseHeaderBytes: maxAgentHeaderBytes,
 	}
 	tok := m.token(id)
 	c := &http.Client{Transport: agentTransport{next: tr, token: tok}}
@@ -110,9 +111,10 @@ func (m *Manager) dropClient(id string) {
 	}
 }
 
-// ProcessClient returns a connect client for the sandbox agent's process service.
+// ProcessClient returns a connect client for the sandbox agent's process
+// service, with every reply bounded (newProcessClient).
 func (m *Manager) ProcessClient(id string) processconnect.ProcessClient {
-	return processconnect.NewProcessClient(m.AgentHTTP(id), AgentURL)
+	return newProcessClient(m.AgentHTTP(id), AgentURL, AgentCallTimeout)
 }
 
 // Process is a command started in a sandbox, streamed from its agent and
@@ -302,27 +304,41 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	if err != nil {
 		return nil, err
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		c.SetDeadline(dl)
+	// The agent may be a fake planted by sandbox root: the handshake gets
+	// a deadline.
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(AgentCallTimeout)
 	}
-	req := "GET /port/" + strconv.Itoa(port) + " HTTP/1.1\r\nHost: agent\r\nConnection: Upgrade\r\nUpgrade: " +
-		portUpgrade + "\r\nX-Access-Token: " + tok + "\r\n\r\n"
-	if _, err := io.WriteString(c, req); err != nil {
-		c.Close()
-		return nil, err
-	}
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, nil)
+	c.SetDeadline(dl)
+	tc, err := portHandshake(c, port, tok)
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
+	c.SetDeadline(time.Time{})
+	return tc, nil
+}
+
+// portHandshake asks the agent on c for a tunnel to port. The reply's
+// header block is bounded (a fake agent could send headers forever).
+func portHandshake(c net.Conn, port int, tok string) (net.Conn, error) {
+	req := "GET /port/" + strconv.Itoa(port) + " HTTP/1.1\r\nHost: agent\r\nConnection: Upgrade\r\nUpgrade: " +
+		portUpgrade + "\r\nX-Access-Token: " + tok + "\r\n\r\n"
+	if _, err := io.WriteString(c, req); err != nil {
+		return nil, err
+	}
+	hg := &headerGuard{r: c, left: maxAgentHeaderBytes}
+	br := bufio.NewReader(hg)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return nil, err
+	}
+	hg.done = true
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		c.Close()
 		return nil, &PortError{Status: resp.StatusCode, Body: string(body)}
 	}
-	c.SetDeadline(time.Time{})
 	return &bufferedConn{Conn: c, r: br}, nil
 }
 

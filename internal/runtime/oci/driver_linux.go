@@ -253,6 +253,9 @@ func (d *Driver) prepareFS(dir string, cfg runtime.Config) (rootfs, runDir strin
 	if err := unix.Mount("tmpfs", disk, "tmpfs", unix.MS_NODEV|unix.MS_NOSUID, opts); err != nil {
 		return "", "", fmt.Errorf("mount writable layer: %w", err)
 	}
+	if err := mountRunDir(runDir, uid); err != nil {
+		return "", "", err
+	}
 	upper, work := filepath.Join(disk, "upper"), filepath.Join(disk, "work")
 	for _, p := range []string{upper, work} {
 		if err := os.Mkdir(p, 0o755); err != nil {
@@ -280,10 +283,29 @@ func (d *Driver) prepareFS(dir string, cfg runtime.Config) (rootfs, runDir strin
 			return "", "", fmt.Errorf("write access token: %w", err)
 		}
 	}
-	if err := os.Chown(runDir, uid, uid); err != nil {
-		return "", "", err
-	}
 	return rootfs, runDir, nil
+}
+
+// Bounds of the agent's socket directory (RunDir in the sandbox).
+const (
+	runDirBytes  = 64 << 10
+	runDirInodes = 16
+)
+
+// mountRunDir mounts a tiny tmpfs of its own on the agent's socket
+// directory, owned by sandbox root (the agent creates its socket there).
+//
+// Sandbox root can write to that directory. On the data disk it could
+// fill the host's disk past its sandbox's disk cap (`dd of=/run/corral/x`
+// wrote 200 MiB from a 50 MiB sandbox); on a 64 KiB, 16-inode tmpfs the
+// write fails with ENOSPC and host memory is charged at most 64 KiB.
+// Stop unmounts it. TestRunDirIsCapped is the regression test.
+func mountRunDir(dir string, uid int) error {
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d", runDirBytes, runDirInodes, uid, uid)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NODEV|unix.MS_NOSUID|unix.MS_NOEXEC, opts); err != nil {
+		return fmt.Errorf("mount agent socket dir: %w", err)
+	}
+	return nil
 }
 
 // waitAgent polls the agent socket until it accepts a connection.
@@ -488,7 +510,7 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 		d.mu.Unlock()
 	}
 	dir := d.dir(id)
-	for _, m := range []string{filepath.Join(dir, "rootfs"), filepath.Join(dir, "disk")} {
+	for _, m := range []string{filepath.Join(dir, "rootfs"), filepath.Join(dir, "disk"), filepath.Join(dir, "run")} {
 		if err := unmount(m); err != nil {
 			errs = append(errs, err)
 		}
