@@ -32,6 +32,7 @@ type imageEntry struct {
 	data string
 	link string
 	dir  bool
+	fifo bool
 }
 
 // rootPasswd is the /etc/passwd of the crafted images: root only, so that
@@ -67,6 +68,8 @@ func craftedImage(t *testing.T, prefix string, extra ...imageEntry) *corral.Impo
 			}
 		case e.link != "":
 			hdr.Typeflag, hdr.Linkname, hdr.Mode, hdr.Size = tar.TypeSymlink, e.link, 0o777, 0
+		case e.fifo:
+			hdr.Typeflag, hdr.Size = tar.TypeFifo, 0
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			t.Fatal(err)
@@ -137,7 +140,8 @@ func hostFiles(t *testing.T, paths ...string) map[string]string {
 // Now the bundle is resolved inside the template's root: the sandbox
 // starts, its bundle (read inside the sandbox) holds the egress CA and
 // neither key, no bundle corral wrote on the host holds them, and the
-// host files are unchanged.
+// host files are unchanged. A bundle that is a FIFO, which blocked the
+// create for ever, is refused with 400 invalid_argument.
 func TestTemplateCABundleLinksToHostFiles(t *testing.T) {
 	need(t)
 	if env.srv.Gateway == nil {
@@ -193,6 +197,29 @@ func TestTemplateCABundleLinksToHostFiles(t *testing.T) {
 			}
 		})
 	}
+	// A bundle that is a FIFO blocked the read (and the create) for ever;
+	// now it is refused at once, with a stable code.
+	t.Run("fifo", func(t *testing.T) {
+		res := craftedImage(t, "cabundle", imageEntry{name: "etc/ssl/", dir: true}, imageEntry{name: "etc/ssl/certs/", dir: true},
+			imageEntry{name: strings.TrimPrefix(bundle, "/"), fifo: true})
+		body, _ := json.Marshal(map[string]any{"template": res.Template.Name + ":" + res.Template.Version,
+			"network": "allow", "allow": []string{"secret.test"}, "secrets": []string{secret}})
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // a generous bound on a hang, not a timing assertion
+		defer cancel()
+		req, _ := http.NewRequestWithContext(rctx, "POST", env.url+"/v1/sandboxes", bytes.NewReader(body))
+		req.Header.Set("X-API-Key", env.key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("create with a FIFO as the CA bundle: %v", err)
+		}
+		defer resp.Body.Close()
+		var e apiErr
+		json.NewDecoder(resp.Body).Decode(&e)
+		if resp.StatusCode != http.StatusBadRequest || e.Code != "invalid_argument" || !strings.Contains(e.Message, bundle) {
+			t.Fatalf("create: status %d %+v; want 400 invalid_argument naming %s", resp.StatusCode, e, bundle)
+		}
+	})
 	for p, content := range hostFiles(t, keyPath, adminPath) {
 		if content != before[p] {
 			t.Fatalf("host file %s changed", p)
