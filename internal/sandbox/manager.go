@@ -457,12 +457,15 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 // a link, a CA bundle that is not a regular file) into an InvalidError,
 // the caller's to fix, whose message names no host path. Other errors are
 // returned as they are.
-func refusedContent(template string, err error) error {
+func refusedContent(rec *store.Sandbox, err error) error {
 	var refused *inroot.RefusedError
-	if errors.As(err, &refused) {
-		return invalid("template %s cannot start safely: %s", template, refused)
+	if !errors.As(err, &refused) {
+		return err
 	}
-	return err
+	if rec.Snapshot != "" {
+		return invalid("snapshot %s (template %s) cannot start safely: %s", rec.Snapshot, rec.Template, refused)
+	}
+	return invalid("template %s cannot start safely: %s", rec.Template, refused)
 }
 
 // newToken returns a random access token for a sandbox's agent.
@@ -529,7 +532,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		return nil, err
 	}
 	fail := func(err error) (*store.Sandbox, error) {
-		err = refusedContent(rec.Template, err)
+		err = refusedContent(rec, err)
 		m.teardownNetwork(rec.ID)
 		m.forget(rec.ID)
 		release()

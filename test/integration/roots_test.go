@@ -420,5 +420,9 @@ func TestGVisorTmpLinkFromSnapshot(t *testing.T) {
 	t.Cleanup(func() { call(t, "DELETE", "/v1/snapshots/"+sn.ID, nil, nil) })
 	id, status, e := createExpect(t, map[string]any{"snapshot": sn.ID, "runtime": "gvisor"})
 	checkTmpRefused(t, id, status, e, hostDir)
+	if !strings.Contains(e.Message, "snapshot "+sn.ID) {
+		t.Fatalf("the refusal does not name the snapshot: %q", e.Message)
+	}
+	t.Logf("refused: %s", e.Message)
 	unchanged()
 }
