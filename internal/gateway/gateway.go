@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -24,6 +25,7 @@ import (
 	"sync"
 
 	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/inroot"
 	"github.com/corralhq/corral/internal/netns"
 	"github.com/corralhq/corral/internal/runtime"
 )
@@ -411,11 +413,19 @@ const (
 	SandboxCAFile = "/usr/local/share/ca-certificates/corral-egress.crt"
 )
 
+// MaxCABundleBytes bounds the template CA bundle corral reads to append
+// the egress CA (Debian's is about 200 KiB).
+const MaxCABundleBytes = 8 << 20
+
 // TrustFiles returns what makes a sandbox of the template at rootfs trust
 // the egress CA (only sandboxes that use secrets get it): the template's
 // CA bundle with the CA appended, bind-mounted over SandboxCABundle; the CA
 // alone at SandboxCAFile; and env vars for tools that keep their own trust
-// store (Python requests, Node.js).
+// store (Python requests, Node.js). The template's bundle is read with
+// inroot.ReadFile, resolved as the sandbox resolves it: a bundle that links
+// to a host file (DATA/ca/ca-key.pem) cannot put that file in the
+// sandbox; one that is not a regular file or is over MaxCABundleBytes is
+// an inroot.RefusedError.
 func (g *Gateway) TrustFiles(rootfs string) ([]runtime.FileBind, map[string]string, error) {
 	if g.cfg.CA == nil {
 		return nil, nil, errors.New("no egress CA configured")
@@ -425,8 +435,10 @@ func (g *Gateway) TrustFiles(rootfs string) ([]runtime.FileBind, map[string]stri
 	if err := writeFileAtomic(caFile, ca, 0o644); err != nil {
 		return nil, nil, err
 	}
-	bundle, err := os.ReadFile(filepath.Join(rootfs, SandboxCABundle))
-	if err != nil && !os.IsNotExist(err) {
+	// The bundle is template content: read inside the template's root
+	// (a link to the host's CA key or admin key resolves inside it).
+	bundle, err := inroot.ReadFile(rootfs, SandboxCABundle, MaxCABundleBytes)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, fmt.Errorf("read template CA bundle: %w", err)
 	}
 	sum := sha256.Sum256(append(bundle, ca...))

@@ -10,9 +10,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -24,6 +23,7 @@ import (
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/gateway"
 	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/inroot"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/volume"
@@ -422,7 +422,12 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 	if tv.Version == "" {
 		rec.TemplateVersion = ""
 	}
-	_, sudoErr := os.Stat(filepath.Join(rootfs, "usr/bin/sudo"))
+	// Template content: looked up inside the template's root, so that a
+	// link to a host file cannot turn no_new_privs off.
+	sudo, sudoErr := inroot.StatMode(rootfs, "/usr/bin/sudo")
+	if sudoErr == nil && !sudo.IsRegular() {
+		sudoErr = fs.ErrNotExist
+	}
 	// Every process sees that it runs in a sandbox (E2B_SANDBOX as envd
 	// sets it, so code written for E2B detects it too); the caller's env
 	// wins over these.
@@ -445,6 +450,22 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		AccessToken:     rec.AccessToken,
 	}
 	return rec, rc, nil
+}
+
+// refusedContent turns an inroot.RefusedError (content of the template or
+// snapshot that a sandbox cannot safely start with: a gVisor /tmp that is
+// a link, a CA bundle that is not a regular file) into an InvalidError,
+// the caller's to fix, whose message names no host path. Other errors are
+// returned as they are.
+func refusedContent(rec *store.Sandbox, err error) error {
+	var refused *inroot.RefusedError
+	if !errors.As(err, &refused) {
+		return err
+	}
+	if rec.Snapshot != "" {
+		return invalid("snapshot %s (template %s) cannot start safely: %s", rec.Snapshot, rec.Template, refused)
+	}
+	return invalid("template %s cannot start safely: %s", rec.Template, refused)
 }
 
 // newToken returns a random access token for a sandbox's agent.
@@ -511,6 +532,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		return nil, err
 	}
 	fail := func(err error) (*store.Sandbox, error) {
+		err = refusedContent(rec, err)
 		m.teardownNetwork(rec.ID)
 		m.forget(rec.ID)
 		release()

@@ -119,11 +119,11 @@ func (m *Manager) restart(ctx context.Context, ls *liveSandbox) error {
 		return err
 	}
 	if err := m.prepareNetwork(&rec, &rc, pol, secrets); err != nil {
-		return err
+		return refusedContent(&rec, err)
 	}
 	if _, err := m.driver.Start(ctx, rc); err != nil {
 		m.teardownNetwork(rec.ID)
-		return fmt.Errorf("restart %s: %w", rec.ID, err)
+		return fmt.Errorf("restart %s: %w", rec.ID, refusedContent(&rec, err))
 	}
 	if err := m.activateNetwork(rec.ID, pol, secrets); err != nil {
 		_ = m.driver.Stop(context.WithoutCancel(ctx), rec.ID, 0)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corralhq/corral/internal/inroot"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template"
 	"github.com/corralhq/corral/proto/process"
@@ -205,6 +206,10 @@ func (m *Manager) purgeUnusedImports(ctx context.Context) {
 	}
 }
 
+// MaxPasswdBytes bounds the /etc/passwd of an imported image that corral
+// reads to find the user "user".
+const MaxPasswdBytes = 4 << 20
+
 // ImportTemplate imports an OCI image (docker-save tarball, OCI layout or
 // registry reference) as template version name:version and makes it
 // current. The image's env and working directory become the template's
@@ -235,7 +240,9 @@ func (m *Manager) ImportTemplate(ctx context.Context, ref string, src template.I
 			cfg.Env[k] = v
 		}
 	}
-	if b, err := os.ReadFile(filepath.Join(res.Dir, "rootfs", "etc", "passwd")); err != nil || !strings.Contains("\n"+string(b), "\nuser:") {
+	// Image content: read inside the image's root (a link to a host file
+	// resolves inside it); an unreadable one means no user "user".
+	if b, err := inroot.ReadFile(filepath.Join(res.Dir, "rootfs"), "/etc/passwd", MaxPasswdBytes); err != nil || !strings.Contains("\n"+string(b), "\nuser:") {
 		cfg.User = "root"
 	}
 	tv := &store.TemplateVersion{Name: name, Version: version, Digest: res.Digest, Source: "import",

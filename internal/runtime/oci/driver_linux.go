@@ -165,10 +165,16 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	if err != nil {
 		return nil, err
 	}
-	spec, err := buildSpec(specInput{
+	in := specInput{
 		cfg: cfg, rootfs: rootfs, runDir: runDir, agentBin: d.opts.AgentBinary,
 		uidBase: d.opts.UIDBase, idRange: idrange.Count, cgroupDir: d.cgroupPath(cfg.ID),
-	})
+	}
+	if cfg.Runtime == runtime.GVisor {
+		if in.tmpSource, err = gvisorTmpSource(rootfs); err != nil {
+			return nil, err
+		}
+	}
+	spec, err := buildSpec(in)
 	if err != nil {
 		return nil, err
 	}

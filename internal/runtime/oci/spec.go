@@ -1,9 +1,12 @@
 package oci
 
 import (
+	"errors"
 	"fmt"
+	"path/filepath"
 	"sort"
 
+	"github.com/corralhq/corral/internal/inroot"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -60,6 +63,31 @@ type specInput struct {
 	uidBase   uint32 // host uid that sandbox root maps to
 	idRange   uint32
 	cgroupDir string
+	// tmpSource is the host path bound at /tmp under gVisor, checked by
+	// gvisorTmpSource.
+	tmpSource string
+}
+
+// gvisorTmpSource returns the host path of the overlay's /tmp, which a
+// gVisor sandbox gets bound at /tmp, after checking that it is a real
+// directory of the overlay reached through no symbolic link. runsc
+// resolves a bind source on the host as host root, so a template (or a
+// snapshot a sandbox made) whose /tmp links to /etc or to /var/lib/corral
+// would otherwise have the host directory mounted read-write into the
+// sandbox. Anything else is an inroot.RefusedError saying why. The check
+// holds until runsc mounts the path: the lower layers are read-only
+// template dirs, the upper layer is on the sandbox's fresh tmpfs and no
+// process of the sandbox runs yet.
+func gvisorTmpSource(rootfs string) (string, error) {
+	if err := inroot.RealDir(rootfs, "/tmp"); err != nil {
+		var re *inroot.RefusedError
+		if errors.As(err, &re) {
+			return "", &inroot.RefusedError{Path: re.Path, Reason: re.Reason +
+				": gVisor sandboxes bind /tmp from their root file system, which must hold a real directory there"}
+		}
+		return "", fmt.Errorf("check /tmp of the root file system: %w", err)
+	}
+	return filepath.Join(rootfs, "tmp"), nil
 }
 
 // agentReserve is how many tasks of the pids limit are kept for the
@@ -187,8 +215,11 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		// runsc puts an internal tmpfs on /tmp unless the spec mounts
 		// something there; that tmpfs would escape the disk cap. Bind the
 		// overlay's own /tmp instead, so /tmp is capped like /.
+		if in.tmpSource == "" {
+			return nil, errors.New("gVisor sandbox without a checked /tmp bind source")
+		}
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/tmp", Type: "bind",
-			Source: in.rootfs + "/tmp", Options: []string{"rbind", "rw", "nosuid", "nodev"}})
+			Source: in.tmpSource, Options: []string{"rbind", "rw", "nosuid", "nodev"}})
 	}
 	if in.cfg.Runtime != runtime.GVisor {
 		prof, err := seccomp.GetDefaultProfile(s)
