@@ -87,7 +87,9 @@ the secret's hosts: the sandbox sees only the placeholder CORRAL_SECRET_<name>
 secret's header; the proxy replaces it with the value for the listed hosts
 and nowhere else. Sandboxes name the secrets they may use at create
 (--secret NAME). For HTTPS the proxy intercepts TLS to those hosts with
-corral's egress CA, which such sandboxes trust.`,
+corral's egress CA, which such sandboxes trust. The value is injected over
+TLS only: a plain-HTTP request carrying the placeholder is refused
+(secret_over_plain_http) unless the secret was set with --allow-http.`,
 	}
 	cmd.AddCommand(newSecretSetCmd(g), newSecretLsCmd(g), newSecretRmCmd(g))
 	return cmd
@@ -95,8 +97,9 @@ corral's egress CA, which such sandboxes trust.`,
 
 func newSecretSetCmd(g *clientGlobals) *cobra.Command {
 	var hosts, header, value, valueFile string
+	var allowHTTP bool
 	cmd := &cobra.Command{
-		Use:   "set NAME --hosts H1,H2 --header HEADER (--value VALUE | --value-file FILE|-)",
+		Use:   "set NAME --hosts H1,H2 --header HEADER (--value VALUE | --value-file FILE|-) [--allow-http]",
 		Short: "Register or replace a secret",
 		Example: `  corral secret set github --hosts api.github.com --header Authorization --value "Bearer $GITHUB_TOKEN"
   printf 'Bearer %s' "$TOKEN" | corral secret set github --hosts api.github.com --header Authorization --value-file -
@@ -132,11 +135,15 @@ func newSecretSetCmd(g *clientGlobals) *cobra.Command {
 			if len(hl) == 0 || header == "" {
 				return usageError(cmd, "--hosts and --header are required")
 			}
-			s, err := c.PutSecret(ctx, args[0], hl, header, value)
+			s, err := c.PutSecret(ctx, args[0], hl, header, value, corral.SecretOptions{AllowHTTP: allowHTTP})
 			if err != nil {
 				return err
 			}
-			fmt.Printf("secret %s set for %s (header %s); placeholder CORRAL_SECRET_%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, s.Name)
+			over := "over TLS only"
+			if s.AllowHTTP {
+				over = "over TLS and plain HTTP"
+			}
+			fmt.Printf("secret %s set for %s (header %s, %s); placeholder CORRAL_SECRET_%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, over, s.Name)
 			return nil
 		}),
 	}
@@ -145,6 +152,7 @@ func newSecretSetCmd(g *clientGlobals) *cobra.Command {
 	f.StringVar(&header, "header", "", "HTTP header carrying the placeholder, e.g. Authorization")
 	f.StringVar(&value, "value", "", "the secret value (visible in the process list; prefer --value-file)")
 	f.StringVar(&valueFile, "value-file", "", "read the value from FILE, or from stdin with -")
+	f.BoolVar(&allowHTTP, "allow-http", false, "also inject the value into plain-HTTP requests (readable on the network path); by default it is injected over TLS only and plain-HTTP requests carrying the placeholder are refused")
 	return cmd
 }
 
@@ -167,9 +175,13 @@ func newSecretLsCmd(g *clientGlobals) *cobra.Command {
 				return printJSON(list)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tHOSTS\tHEADER\tUPDATED")
+			fmt.Fprintln(tw, "NAME\tHOSTS\tHEADER\tOVER\tUPDATED")
 			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, s.UpdatedAt.Local().Format(time.DateTime))
+				over := "tls"
+				if s.AllowHTTP {
+					over = "tls,http"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, over, s.UpdatedAt.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		}),

@@ -69,6 +69,7 @@ type secretView struct {
 	Name      string   `json:"name"`
 	Hosts     []string `json:"hosts"`
 	Header    string   `json:"header"`
+	AllowHTTP bool     `json:"allow_http"`
 	CreatedAt string   `json:"created_at"`
 	UpdatedAt string   `json:"updated_at"`
 }
@@ -86,6 +87,9 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 		Hosts  []string `json:"hosts"`
 		Header string   `json:"header"`
 		Value  string   `json:"value"`
+		// AllowHTTP lets the proxy inject the value into plain HTTP;
+		// absent means false (over TLS only).
+		AllowHTTP bool `json:"allow_http"`
 	}
 	if !decodeJSON(w, r, &req) {
 		return
@@ -104,14 +108,14 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sec := &store.Secret{Name: name, Hosts: req.Hosts, Header: req.Header, Value: req.Value}
+	sec := &store.Secret{Name: name, Hosts: req.Hosts, Header: req.Header, Value: req.Value, AllowHTTP: req.AllowHTTP}
 	if err := s.store.PutSecret(r.Context(), sec); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
 	s.mgr.RefreshSecrets(r.Context(), name)
 	if s.cfg.Audit != nil {
-		s.cfg.Audit.Record("", "secret.set", map[string]any{"name": name, "hosts": req.Hosts, "header": req.Header})
+		s.cfg.Audit.Record("", "secret.set", map[string]any{"name": name, "hosts": req.Hosts, "header": req.Header, "allow_http": req.AllowHTTP})
 	}
 	got, err := s.store.GetSecret(r.Context(), name)
 	if err != nil {
@@ -148,7 +152,7 @@ func secretOut(sec *store.Secret) secretView {
 	if hosts == nil {
 		hosts = []string{}
 	}
-	return secretView{Name: sec.Name, Hosts: hosts, Header: sec.Header, CreatedAt: ts(sec.CreatedAt), UpdatedAt: ts(sec.UpdatedAt)}
+	return secretView{Name: sec.Name, Hosts: hosts, Header: sec.Header, AllowHTTP: sec.AllowHTTP, CreatedAt: ts(sec.CreatedAt), UpdatedAt: ts(sec.UpdatedAt)}
 }
 
 func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {

@@ -138,16 +138,35 @@ func lookup(a netip.Addr) *deniedRange {
 	return nil
 }
 
+// deny finds the denied range a (canonical) falls in: a never-openable
+// range first, then the host's own addresses ([ReasonHostAddress], never
+// openable either, so that an explicit rule for a private range does not
+// open the host's address inside it), then the private-like ranges a rule
+// can open.
+func deny(a netip.Addr) *deniedRange {
+	d := lookup(a)
+	if d != nil && d.never {
+		return d
+	}
+	if h := hostRange(a); h != nil {
+		return h
+	}
+	return d
+}
+
 // classify returns the denied range a falls in (nil when a is public) and
-// the reason. Addresses that embed a denied IPv4 address yield a synthetic
-// range that is never allowed.
+// the reason. Addresses that embed a denied IPv4 address (a private one,
+// or one of the host's) yield a synthetic range that is never allowed.
+// It is the one address check of the package: [AlwaysDenied],
+// [Policy.AllowsAddr] (the proxy at plan and dial time, the DNS filter on
+// its answers) all come here.
 func classify(a netip.Addr) (*deniedRange, string) {
-	if d := lookup(a); d != nil {
+	if d := deny(a); d != nil {
 		return d, d.reason
 	}
 	if embedded, form := embeddedIPv4(a); embedded != nil {
 		for _, e := range embedded {
-			if d := lookup(e); d != nil {
+			if d := deny(e); d != nil {
 				reason := form + " form of " + e.String() + ": " + d.reason
 				return &deniedRange{prefix: netip.PrefixFrom(a, 128), reason: reason, never: true}, reason
 			}
@@ -160,9 +179,11 @@ func classify(a netip.Addr) (*deniedRange, string) {
 // default: unspecified, loopback, link-local (with the cloud metadata
 // addresses 169.254.169.254, fd00:ec2::254 and 100.100.100.200), private,
 // unique-local, CGNAT, "this network", IETF protocol assignments,
-// benchmarking, multicast, broadcast and reserved ranges, in IPv4 form or
-// embedded in IPv6 (IPv4-mapped, IPv4-compatible, NAT64, IPv4-translated,
-// 6to4, Teredo). The reason names the range and its RFC. Only an explicit
+// benchmarking, multicast, broadcast and reserved ranges, and every
+// address assigned to an interface of this host ([ReasonHostAddress]), in
+// IPv4 form or embedded in IPv6 (IPv4-mapped, IPv4-compatible, NAT64,
+// IPv4-translated, 6to4, Teredo). The reason names the range and its RFC,
+// or starts with "host_address: ". Only an explicit
 // CIDR rule of a policy can open part of the private-like subset; see
 // [Policy.AllowsAddr]. An invalid address is denied.
 func AlwaysDenied(addr netip.Addr) (bool, string) {

@@ -38,7 +38,8 @@ const (
 	// ModeAllow permits only the listed domain patterns and CIDR rules.
 	ModeAllow Mode = "allow"
 	// ModeAllPublic permits every public address (for trusted use). Private,
-	// loopback, link-local, CGNAT and metadata ranges stay denied.
+	// loopback, link-local, CGNAT and metadata ranges, and the host's own
+	// addresses, stay denied.
 	ModeAllPublic Mode = "all-public"
 )
 
@@ -334,9 +335,10 @@ func (p Policy) AllowsName(host string) (bool, string) {
 //     whose prefix lies within the same denied range is allowed (an
 //     operator's deliberate rule, e.g. "10.1.2.0/24:5432" for an internal
 //     database). The exception never applies to unspecified, loopback,
-//     link-local and metadata addresses, nor to private IPv4 embedded in
-//     IPv6 transition forms, and a broad rule such as "0.0.0.0/0" does not
-//     open private ranges.
+//     link-local and metadata addresses, nor to the host's own addresses
+//     (any address on any of its interfaces, reason "host_address: ..."),
+//     nor to private IPv4 embedded in IPv6 transition forms, and a broad
+//     rule such as "0.0.0.0/0" does not open private ranges.
 //  3. A named connection (the proxy resolved an allowed name) may reach any
 //     remaining, public, address in allow and all-public modes.
 //  4. An unnamed connection (raw TCP) must match a CIDR rule (port 0 = any)

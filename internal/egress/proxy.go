@@ -507,7 +507,10 @@ func dialError(err error) *refusal {
 
 // forward sends one request to scheme://host:port through plan and
 // streams the response back. It injects the client's secrets for host
-// into the request's headers (never for TRACE, which echoes the request).
+// into the request's headers (never for TRACE, which echoes the request);
+// a plain-HTTP request carrying the placeholder of a secret allowed over
+// TLS only is refused before anything is dialed
+// ([ReasonSecretOverPlainHTTP]).
 // A response cut short (the byte cap, an upstream or client failure)
 // aborts the client connection, so that a truncated body never looks
 // complete.
@@ -535,7 +538,12 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, scheme, host str
 		out.Body = nil
 	}
 	if r.Method != http.MethodTrace {
-		ev.Secrets = injectSecrets(out.Header, host, secrets)
+		injected, refused := injectSecrets(out.Header, host, secrets, scheme == "https")
+		if len(refused) > 0 {
+			refuse(http.StatusForbidden, ReasonSecretOverPlainHTTP+": "+strings.Join(refused, ", ")+" may be injected over TLS only")
+			return
+		}
+		ev.Secrets = injected
 	}
 	resp, err := p.transport.RoundTrip(out)
 	if err != nil {

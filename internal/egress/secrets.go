@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 )
 
@@ -20,9 +21,13 @@ const PlaceholderPrefix = "CORRAL_SECRET_"
 // Header, every occurrence of [Secret.Placeholder] is replaced with Value.
 // Requests to other hosts go out unchanged (the placeholder leaks nothing),
 // and the placeholder is never replaced in other headers, in bodies or in
-// URLs. This covers plain HTTP (explicit and redirected) and, when the
-// proxy has a [CA], HTTPS it intercepts; without a CA, HTTPS to a secret's
-// host is tunnelled as-is and nothing is injected. TRACE requests, which
+// URLs. Injection happens into HTTPS the proxy intercepts (it needs a
+// [CA]; without one, HTTPS to a secret's host is tunnelled as-is and
+// nothing is injected). Into plain HTTP (explicit and redirected), where
+// the value would cross the network in clear text to anyone on the path,
+// it happens only when AllowHTTP is set: otherwise a plain-HTTP request
+// that carries the placeholder where it would be replaced is refused with
+// [ReasonSecretOverPlainHTTP], naming the secret. TRACE requests, which
 // echo the request back, are never injected; an upstream that echoes
 // request headers in its responses would still reveal the value, so list
 // only hosts trusted with the credential.
@@ -43,7 +48,15 @@ type Secret struct {
 	Header string
 	// Value is the real credential.
 	Value string
+	// AllowHTTP lets the proxy inject the value into plain-HTTP requests
+	// too. Off by default: the value goes out over TLS only.
+	AllowHTTP bool
 }
+
+// ReasonSecretOverPlainHTTP is the stable start of the refusal reason of a
+// plain-HTTP request carrying the placeholder of a secret that is not
+// allowed over plain HTTP ([Secret.AllowHTTP]).
+const ReasonSecretOverPlainHTTP = "secret_over_plain_http"
 
 // Placeholder is the text the sandbox sees instead of the value:
 // "CORRAL_SECRET_" + Name.
@@ -51,7 +64,11 @@ func (s Secret) Placeholder() string { return PlaceholderPrefix + s.Name }
 
 // String describes the secret without its value.
 func (s Secret) String() string {
-	return fmt.Sprintf("secret %s (header %s, hosts %s)", s.Name, s.Header, strings.Join(s.Hosts, ","))
+	http := ""
+	if s.AllowHTTP {
+		http = ", plain HTTP allowed"
+	}
+	return fmt.Sprintf("secret %s (header %s, hosts %s%s)", s.Name, s.Header, strings.Join(s.Hosts, ","), http)
 }
 
 // GoString is String, so that %#v does not print the value either.
@@ -63,16 +80,18 @@ func (s Secret) LogValue() slog.Value {
 		slog.String("name", s.Name),
 		slog.String("header", s.Header),
 		slog.String("hosts", strings.Join(s.Hosts, ",")),
+		slog.Bool("allow_http", s.AllowHTTP),
 	)
 }
 
 // MarshalJSON encodes the secret without its value.
 func (s Secret) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
-		Name   string
-		Hosts  []string
-		Header string
-	}{s.Name, s.Hosts, s.Header})
+		Name      string
+		Hosts     []string
+		Header    string
+		AllowHTTP bool
+	}{s.Name, s.Hosts, s.Header, s.AllowHTTP})
 }
 
 // ValidSecretName checks a secret name: 1 to 64 characters of ASCII
@@ -180,10 +199,17 @@ func hasSecretFor(host string, secrets []Secret) bool {
 // rule on [Secret]: only secrets whose Hosts match host, only in each
 // secret's own header. A placeholder is the prefix followed by the longest
 // run of name characters, so CORRAL_SECRET_A never matches inside
-// CORRAL_SECRET_AB. It returns the names of the secrets injected (never
-// values). Secrets with an invalid name or a value that cannot travel in a
-// header are skipped.
-func injectSecrets(h http.Header, host string, secrets []Secret) []string {
+// CORRAL_SECRET_AB. Secrets with an invalid name or a value that cannot
+// travel in a header are skipped.
+//
+// overTLS says whether the request goes upstream over TLS. When it does
+// not, and a placeholder it would replace belongs to a secret without
+// [Secret.AllowHTTP], nothing is replaced and the names of those secrets
+// come back as refused: the caller must refuse the request (a credential
+// sent over plain HTTP is readable by anyone on the path). Otherwise it
+// returns the names of the secrets injected. Only names are returned,
+// never values.
+func injectSecrets(h http.Header, host string, secrets []Secret, overTLS bool) (injected, refused []string) {
 	byHeader := map[string]map[string]*Secret{}
 	for i := range secrets {
 		s := &secrets[i]
@@ -198,25 +224,40 @@ func injectSecrets(h http.Header, host string, secrets []Secret) []string {
 			byHeader[k][s.Name] = s
 		}
 	}
-	var used []string
+	type change struct {
+		key string
+		i   int
+		v   string
+	}
+	var changes []change
 	seen := map[string]bool{}
 	for key, byName := range byHeader {
-		vals := h[key]
-		for i, v := range vals {
+		for i, v := range h[key] {
 			out, names := replacePlaceholders(v, byName)
 			if len(names) == 0 {
 				continue
 			}
-			vals[i] = out
+			changes = append(changes, change{key, i, out})
 			for _, n := range names {
-				if !seen[n] {
-					seen[n] = true
-					used = append(used, n)
+				if seen[n] {
+					continue
+				}
+				seen[n] = true
+				injected = append(injected, n)
+				if !overTLS && !byName[n].AllowHTTP {
+					refused = append(refused, n)
 				}
 			}
 		}
 	}
-	return used
+	if len(refused) > 0 {
+		slices.Sort(refused)
+		return nil, refused
+	}
+	for _, c := range changes {
+		h[c.key][c.i] = c.v
+	}
+	return injected, nil
 }
 
 // replacePlaceholders replaces every placeholder of a secret in byName in

@@ -157,12 +157,61 @@ func TestInjectSecrets(t *testing.T) {
 	}
 	for _, tc := range tests {
 		h := tc.in.Clone()
-		names := injectSecrets(h, tc.host, all)
+		names, refused := injectSecrets(h, tc.host, all, true)
 		if !reflect.DeepEqual(h, tc.want) {
 			t.Errorf("%s: headers %v, want %v", tc.name, h, tc.want)
 		}
-		if !reflect.DeepEqual(names, tc.names) {
-			t.Errorf("%s: names %v, want %v", tc.name, names, tc.names)
+		if !reflect.DeepEqual(names, tc.names) || refused != nil {
+			t.Errorf("%s: names %v refused %v, want %v and none refused", tc.name, names, refused, tc.names)
+		}
+	}
+}
+
+// TestInjectSecretsPlainHTTP checks the rule for a request that goes
+// upstream over plain HTTP, against a credential crossing the network in
+// clear text: a placeholder that would be replaced, of a secret not
+// allowed over plain HTTP, makes the whole request refused with the
+// secret's name and nothing replaced (not even the placeholders of
+// secrets that are allowed); a secret marked AllowHTTP is injected as over
+// TLS; a placeholder that would not be replaced (other host, other
+// header) refuses nothing.
+func TestInjectSecretsPlainHTTP(t *testing.T) {
+	tlsOnly := Secret{Name: "T", Hosts: []string{"api.test"}, Header: "Authorization", Value: "value-of-t"}
+	plain := Secret{Name: "P", Hosts: []string{"api.test"}, Header: "X-Api-Key", Value: "value-of-p", AllowHTTP: true}
+	all := []Secret{tlsOnly, plain}
+	tests := []struct {
+		name           string
+		host           string
+		in, want       http.Header
+		names, refused []string
+	}{
+		{"tls-only-refused", "api.test",
+			http.Header{"Authorization": {"Bearer CORRAL_SECRET_T"}},
+			http.Header{"Authorization": {"Bearer CORRAL_SECRET_T"}}, nil, []string{"T"}},
+		{"allowed-injected", "api.test",
+			http.Header{"X-Api-Key": {"CORRAL_SECRET_P"}},
+			http.Header{"X-Api-Key": {"value-of-p"}}, []string{"P"}, nil},
+		{"mixed-refused-whole", "api.test",
+			http.Header{"Authorization": {"Bearer CORRAL_SECRET_T"}, "X-Api-Key": {"CORRAL_SECRET_P"}},
+			http.Header{"Authorization": {"Bearer CORRAL_SECRET_T"}, "X-Api-Key": {"CORRAL_SECRET_P"}}, nil, []string{"T"}},
+		{"other-host", "evil.test",
+			http.Header{"Authorization": {"Bearer CORRAL_SECRET_T"}},
+			http.Header{"Authorization": {"Bearer CORRAL_SECRET_T"}}, nil, nil},
+		{"other-header", "api.test",
+			http.Header{"X-Other": {"CORRAL_SECRET_T"}},
+			http.Header{"X-Other": {"CORRAL_SECRET_T"}}, nil, nil},
+		{"no-placeholder", "api.test",
+			http.Header{"Authorization": {"Bearer abc"}},
+			http.Header{"Authorization": {"Bearer abc"}}, nil, nil},
+	}
+	for _, tc := range tests {
+		h := tc.in.Clone()
+		names, refused := injectSecrets(h, tc.host, all, false)
+		if !reflect.DeepEqual(h, tc.want) {
+			t.Errorf("%s: headers %v, want %v", tc.name, h, tc.want)
+		}
+		if !reflect.DeepEqual(names, tc.names) || !reflect.DeepEqual(refused, tc.refused) {
+			t.Errorf("%s: names %v refused %v, want %v and %v", tc.name, names, refused, tc.names, tc.refused)
 		}
 	}
 }
@@ -254,13 +303,16 @@ func (e *egressEnv) checkInjected(t *testing.T, path string, injected, wantTLS b
 }
 
 // TestInjectPlainHTTP checks secret injection (ATTACKS.md #20) for plain
-// HTTP, explicit and redirected: the value replaces the placeholder in the
-// secret's header for a listed host only; other hosts, other headers, the
-// query, the body and TRACE requests keep the placeholder.
+// HTTP, explicit and redirected, of a secret the operator allowed over
+// plain HTTP: the value replaces the placeholder in the secret's header
+// for a listed host only; other hosts, other headers, the query, the body
+// and TRACE requests keep the placeholder.
 func TestInjectPlainHTTP(t *testing.T) {
 	e := newEgressEnv(t)
 	pol, _ := ParsePolicy("allow", []string{"secret.test", "other.test"})
-	cl := Client{ID: "sb-s", Policy: pol, Secrets: []Secret{testSecret()}}
+	sec := testSecret()
+	sec.AllowHTTP = true
+	cl := Client{ID: "sb-s", Policy: pol, Secrets: []Secret{sec}}
 	port := strconv.Itoa(int(e.port))
 
 	t.Run("explicit", func(t *testing.T) {
@@ -310,17 +362,86 @@ func TestInjectPlainHTTP(t *testing.T) {
 	e.checkNoViolations(t)
 }
 
-// interceptEnv returns a proxy with a CA for the secret's host, and a pool
-// trusting both the CA and the upstream's own test CA.
-func (e *egressEnv) interceptProxy(t *testing.T, cfg ProxyConfig) (*Proxy, *proxyEvents, *CA, *x509.CertPool) {
+// TestSecretRefusedOverPlainHTTP checks the defence against a brokered
+// credential crossing the network in clear text: a plain-HTTP request
+// (explicit or redirected) to a secret's host that carries the
+// placeholder in the secret's header, for a secret not allowed over plain
+// HTTP, is refused with 403 and the reason secret_over_plain_http naming
+// the secret, before anything is dialed (the upstream sees no request),
+// and recorded as a refused event without the value; the placeholder in
+// another header, or to another host, goes out as before.
+func TestSecretRefusedOverPlainHTTP(t *testing.T) {
+	e := newEgressEnv(t)
+	pol, _ := ParsePolicy("allow", []string{"secret.test", "other.test"})
+	logs := &lockedBuffer{}
+	cfg := ProxyConfig{Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	cl := Client{ID: "sb-p", Policy: pol, Secrets: []Secret{testSecret()}}
+	port := strconv.Itoa(int(e.port))
+	checkRefused := func(t *testing.T, status int, refusedHdr, body string, ev Event, path string) {
+		t.Helper()
+		if status != http.StatusForbidden || !strings.HasPrefix(refusedHdr, ReasonSecretOverPlainHTTP+": API_KEY") {
+			t.Errorf("%s: %d %q %q; want 403 %s naming API_KEY", path, status, refusedHdr, body, ReasonSecretOverPlainHTTP)
+		}
+		if n := len(e.seenPath(path)); n != 0 {
+			t.Errorf("%s: upstream saw %d requests, want none", path, n)
+		}
+		if ev.Verdict != VerdictRefused || !strings.HasPrefix(ev.Reason, ReasonSecretOverPlainHTTP+": API_KEY") || ev.Addr != "" || len(ev.Secrets) != 0 {
+			t.Errorf("%s: event %+v; want refused %s naming API_KEY, nothing dialed or injected", path, ev, ReasonSecretOverPlainHTTP)
+		}
+	}
+
+	t.Run("explicit", func(t *testing.T) {
+		p, evs := e.newProxy(t, cl, cfg)
+		addr := serveExplicit(t, p)
+		path := "/plain-explicit-refused"
+		req := secretRequest(t, "POST", "http://secret.test:"+port+path)
+		resp, body := explicitDo(t, addr, req, nil)
+		checkRefused(t, resp.StatusCode, resp.Header.Get("X-Corral-Egress-Refused"), body, lastEvent(t, evs, 1), path)
+
+		// The placeholder outside the secret's header, or to another
+		// host, is not injected anywhere: it goes out unchanged.
+		for i, tc := range []struct{ host, header string }{{"secret.test", "X-Other"}, {"other.test", "Authorization"}} {
+			path := "/plain-explicit-passes-" + strconv.Itoa(i)
+			req, _ := http.NewRequest("GET", "http://"+tc.host+":"+port+path, nil)
+			req.Header.Set(tc.header, "CORRAL_SECRET_API_KEY")
+			if resp, body := explicitDo(t, addr, req, nil); resp.StatusCode != 200 {
+				t.Fatalf("%s: %d %q", path, resp.StatusCode, body)
+			}
+			s := e.seenPath(path)
+			if len(s) != 1 || s[0].header.Get(tc.header) != "CORRAL_SECRET_API_KEY" {
+				t.Errorf("%s: upstream saw %+v", path, s)
+			}
+		}
+	})
+
+	t.Run("transparent", func(t *testing.T) {
+		p, evs := e.newProxy(t, cl, cfg)
+		c, _ := transparentConn(t, p, netip.AddrPortFrom(notDialed, e.port))
+		path := "/plain-transparent-refused"
+		st, body, hdr := sendHTTP(t, c, bufio.NewReader(c), "secret.test", path, map[string]string{"Authorization": "Bearer CORRAL_SECRET_API_KEY"})
+		checkRefused(t, st, hdr.Get("X-Corral-Egress-Refused"), body, lastEvent(t, evs, 1), path)
+	})
+	if strings.Contains(logs.String(), testSecretValue) {
+		t.Error("the secret value is in the proxy log")
+	}
+	e.checkNoViolations(t)
+}
+
+// interceptProxy returns a proxy with a CA for the secret's host (the
+// given secrets, by default testSecret()), and a pool trusting both the CA
+// and the upstream's own test CA.
+func (e *egressEnv) interceptProxy(t *testing.T, cfg ProxyConfig, secrets ...Secret) (*Proxy, *proxyEvents, *CA, *x509.CertPool) {
 	t.Helper()
+	if secrets == nil {
+		secrets = []Secret{testSecret()}
+	}
 	ca, err := LoadOrCreateCA(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.CA = ca
 	pol, _ := ParsePolicy("allow", []string{"secret.test", "other.test"})
-	p, evs := e.newProxy(t, Client{ID: "sb-m", Policy: pol, Secrets: []Secret{testSecret()}}, cfg)
+	p, evs := e.newProxy(t, Client{ID: "sb-m", Policy: pol, Secrets: secrets}, cfg)
 	roots := e.upstreamRoots.Clone()
 	roots.AppendCertsFromPEM(ca.CertPEM())
 	return p, evs, ca, roots
@@ -448,11 +569,14 @@ func TestInterceptWithoutCA(t *testing.T) {
 // redirected HTTP) and failing ones (an upstream port that refuses), the
 // secret's value appears in no log line (captured without redaction), no
 // event and no response to the client, while the upstream did receive it.
+// The secret is allowed over plain HTTP, so that the plain paths inject.
 func TestSecretValueNeverLeaks(t *testing.T) {
 	e := newEgressEnv(t)
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	p, evs, _, roots := e.interceptProxy(t, ProxyConfig{Log: log})
+	sec := testSecret()
+	sec.AllowHTTP = true
+	p, evs, _, roots := e.interceptProxy(t, ProxyConfig{Log: log}, sec)
 	addr := serveExplicit(t, p)
 	port, tlsPort, closed := strconv.Itoa(int(e.port)), strconv.Itoa(int(e.tlsPort)), strconv.Itoa(int(e.closedPort()))
 

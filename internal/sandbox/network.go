@@ -62,7 +62,7 @@ func (m *Manager) resolveSecrets(ctx context.Context, names []string) ([]egress.
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, egress.Secret{Name: s.Name, Hosts: s.Hosts, Header: s.Header, Value: s.Value})
+		out = append(out, egress.Secret{Name: s.Name, Hosts: s.Hosts, Header: s.Header, Value: s.Value, AllowHTTP: s.AllowHTTP})
 	}
 	return out, nil
 }

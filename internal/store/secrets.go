@@ -13,10 +13,13 @@ import (
 // inject. Its Value is only ever read by the proxy; the API reports the
 // other fields.
 type Secret struct {
-	Name      string
-	Hosts     []string
-	Header    string
-	Value     string
+	Name   string
+	Hosts  []string
+	Header string
+	Value  string
+	// AllowHTTP lets the proxy inject the value into plain-HTTP requests;
+	// by default it injects over TLS only.
+	AllowHTTP bool
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
@@ -25,10 +28,11 @@ type Secret struct {
 func (s *Store) PutSecret(ctx context.Context, sec *Secret) error {
 	hosts, _ := json.Marshal(sec.Hosts)
 	now := ms(time.Now())
-	_, err := s.db.ExecContext(ctx, `INSERT INTO secrets (name, hosts, header, value, created_at, updated_at)
-		VALUES (?,?,?,?,?,?)
-		ON CONFLICT(name) DO UPDATE SET hosts=excluded.hosts, header=excluded.header, value=excluded.value, updated_at=excluded.updated_at`,
-		sec.Name, string(hosts), sec.Header, sec.Value, now, now)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO secrets (name, hosts, header, value, allow_http, created_at, updated_at)
+		VALUES (?,?,?,?,?,?,?)
+		ON CONFLICT(name) DO UPDATE SET hosts=excluded.hosts, header=excluded.header, value=excluded.value,
+			allow_http=excluded.allow_http, updated_at=excluded.updated_at`,
+		sec.Name, string(hosts), sec.Header, sec.Value, sec.AllowHTTP, now, now)
 	if err != nil {
 		return fmt.Errorf("put secret %s: %w", sec.Name, err)
 	}
@@ -37,7 +41,7 @@ func (s *Store) PutSecret(ctx context.Context, sec *Secret) error {
 
 // GetSecret returns the secret called name.
 func (s *Store) GetSecret(ctx context.Context, name string) (*Secret, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT name, hosts, header, value, created_at, updated_at FROM secrets WHERE name=?`, name)
+	row := s.db.QueryRowContext(ctx, `SELECT name, hosts, header, value, allow_http, created_at, updated_at FROM secrets WHERE name=?`, name)
 	sec, err := scanSecret(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
@@ -50,7 +54,7 @@ func (s *Store) GetSecret(ctx context.Context, name string) (*Secret, error) {
 
 // ListSecrets returns every secret, by name.
 func (s *Store) ListSecrets(ctx context.Context) ([]*Secret, error) {
-	return queryAll(ctx, s.db, "list secrets", `SELECT name, hosts, header, value, created_at, updated_at FROM secrets ORDER BY name`, nil, scanSecret)
+	return queryAll(ctx, s.db, "list secrets", `SELECT name, hosts, header, value, allow_http, created_at, updated_at FROM secrets ORDER BY name`, nil, scanSecret)
 }
 
 // DeleteSecret removes the secret called name.
@@ -69,7 +73,7 @@ func scanSecret(sc scanner) (*Secret, error) {
 	var sec Secret
 	var hosts string
 	var created, updated int64
-	if err := sc.Scan(&sec.Name, &hosts, &sec.Header, &sec.Value, &created, &updated); err != nil {
+	if err := sc.Scan(&sec.Name, &hosts, &sec.Header, &sec.Value, &sec.AllowHTTP, &created, &updated); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(hosts), &sec.Hosts)

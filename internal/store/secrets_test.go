@@ -46,6 +46,48 @@ func TestSecretsCRUD(t *testing.T) {
 	}
 }
 
+// TestSecretAllowHTTP checks that the per-secret plain-HTTP permission is
+// stored, replaced with the secret (a PUT without it turns it off again),
+// and that a database made before the column existed gets it on open,
+// off, with its secrets kept: an old secret is never silently allowed
+// over plain HTTP.
+func TestSecretAllowHTTP(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "corral.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE secrets (name TEXT PRIMARY KEY, hosts TEXT NOT NULL, header TEXT NOT NULL,
+		value TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL);
+		INSERT INTO secrets VALUES ('old','["a.test"]','Authorization','Bearer old',1,2);`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	old, err := s.GetSecret(ctx, "old")
+	if err != nil || old.Value != "Bearer old" || old.AllowHTTP {
+		t.Fatalf("migrated secret %+v, %v; want kept, not allowed over plain HTTP", old, err)
+	}
+	for _, allow := range []bool{true, false} {
+		if err := s.PutSecret(ctx, &Secret{Name: "old", Hosts: []string{"a.test"}, Header: "Authorization", Value: "Bearer new", AllowHTTP: allow}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.GetSecret(ctx, "old")
+		if err != nil || got.AllowHTTP != allow {
+			t.Fatalf("after put with AllowHTTP=%v: %+v, %v", allow, got, err)
+		}
+		list, err := s.ListSecrets(ctx)
+		if err != nil || len(list) != 1 || list[0].AllowHTTP != allow {
+			t.Fatalf("list after put with AllowHTTP=%v: %+v, %v", allow, list, err)
+		}
+	}
+}
+
 func TestEventsAppendOnlyAndFiltered(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")

@@ -112,6 +112,7 @@ CREATE TABLE IF NOT EXISTS secrets (
 	hosts TEXT NOT NULL,
 	header TEXT NOT NULL,
 	value TEXT NOT NULL,
+	allow_http INTEGER NOT NULL DEFAULT 0,
 	created_at INTEGER NOT NULL,
 	updated_at INTEGER NOT NULL
 );
@@ -193,6 +194,7 @@ var addedColumns = []struct{ table, column, def string }{
 	{"sandboxes", "persisted", "TEXT NOT NULL DEFAULT ''"},
 	{"sandboxes", "lifecycle", "TEXT NOT NULL DEFAULT '{}'"},
 	{"sandboxes", "volumes", "TEXT NOT NULL DEFAULT '[]'"},
+	{"secrets", "allow_http", "INTEGER NOT NULL DEFAULT 0"},
 }
 
 func addColumns(db *sql.DB) error {

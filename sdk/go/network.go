@@ -62,22 +62,40 @@ func (c *Client) SetNetwork(ctx context.Context, id, mode string, allow []string
 
 // Secret is a registered secret as the API reports it: never its value.
 type Secret struct {
-	Name      string    `json:"name"`
-	Hosts     []string  `json:"hosts"`
-	Header    string    `json:"header"`
+	Name   string   `json:"name"`
+	Hosts  []string `json:"hosts"`
+	Header string   `json:"header"`
+	// AllowHTTP reports whether the proxy also injects the value into
+	// plain-HTTP requests (by default it injects over TLS only).
+	AllowHTTP bool      `json:"allow_http"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
+// SecretOptions are the optional settings of [Client.PutSecret].
+type SecretOptions struct {
+	// AllowHTTP lets the egress proxy inject the value into plain-HTTP
+	// requests too. Without it the value is injected over TLS only, and a
+	// plain-HTTP request carrying the placeholder in the secret's header
+	// to one of its hosts is refused (403, reason secret_over_plain_http).
+	AllowHTTP bool
+}
+
 // PutSecret registers or replaces a secret (PUT /v1/secrets/{name}): for
 // requests to hosts, the egress proxy replaces the placeholder
-// CORRAL_SECRET_<name> in header with value.
-func (c *Client) PutSecret(ctx context.Context, name string, hosts []string, header, value string) (*Secret, error) {
+// CORRAL_SECRET_<name> in header with value. A replaced secret takes the
+// options given now (none: over TLS only).
+func (c *Client) PutSecret(ctx context.Context, name string, hosts []string, header, value string, opts ...SecretOptions) (*Secret, error) {
+	var o SecretOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	body := struct {
-		Hosts  []string `json:"hosts"`
-		Header string   `json:"header"`
-		Value  string   `json:"value"`
-	}{hosts, header, value}
+		Hosts     []string `json:"hosts"`
+		Header    string   `json:"header"`
+		Value     string   `json:"value"`
+		AllowHTTP bool     `json:"allow_http"`
+	}{hosts, header, value, o.AllowHTTP}
 	var s Secret
 	if err := c.do(ctx, "PUT", "/v1/secrets/"+url.PathEscape(name), nil, body, &s); err != nil {
 		return nil, err

@@ -134,3 +134,48 @@ func TestCLIPauseResume(t *testing.T) {
 		t.Fatalf("exec after resume: %d %q", code, out)
 	}
 }
+
+// TestCLISecretAllowHTTP: `corral secret set --allow-http` marks a secret
+// as injectable into plain HTTP (shown by set and ls); setting it again
+// without the flag turns that off, so a replaced secret never keeps a
+// weaker transport by accident.
+func TestCLISecretAllowHTTP(t *testing.T) {
+	need(t)
+	const name = "cli_allow_http"
+	t.Cleanup(func() { corralCLI(t, "", "secret", "rm", name) })
+	allowHTTP := func() bool {
+		t.Helper()
+		out, errOut, code := corralCLI(t, "", "secret", "ls", "--json")
+		var list []struct {
+			Name      string `json:"name"`
+			AllowHTTP bool   `json:"allow_http"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &list) != nil {
+			t.Fatalf("secret ls --json: %d %q %q", code, out, errOut)
+		}
+		for _, s := range list {
+			if s.Name == name {
+				return s.AllowHTTP
+			}
+		}
+		t.Fatalf("secret ls --json does not list %s: %s", name, out)
+		return false
+	}
+	for _, tc := range []struct {
+		flags []string
+		want  bool
+		says  string
+	}{
+		{[]string{"--allow-http"}, true, "over TLS and plain HTTP"},
+		{nil, false, "over TLS only"},
+	} {
+		args := append([]string{"secret", "set", name, "--hosts", "api.example.test", "--header", "Authorization", "--value-file", "-"}, tc.flags...)
+		out, errOut, code := corralCLI(t, "Bearer cli-secret-value-0123456789\n", args...)
+		if code != 0 || !strings.Contains(out, tc.says) || strings.Contains(out+errOut, "cli-secret-value") {
+			t.Fatalf("corral %v: exit %d stdout %q stderr %q; want %q and never the value", args, code, out, errOut, tc.says)
+		}
+		if got := allowHTTP(); got != tc.want {
+			t.Fatalf("after corral %v: allow_http %v, want %v", args, got, tc.want)
+		}
+	}
+}

@@ -55,6 +55,7 @@ const (
 	hostOther    = "other.test"
 	hostPrivate  = "private.test"  // resolves to a private (RFC 1918) address
 	hostLoopback = "loopback.test" // resolves to 127.0.0.1
+	hostLocal    = "local.test"    // resolves to an address of a host interface (fakeDNS.setLocal)
 	exfilZone    = "exfil.test"    // every name under it resolves to the upstream
 )
 
@@ -606,6 +607,14 @@ type fakeDNS struct {
 	mu      sync.Mutex
 	queries []string       // guarded by mu
 	rebinds map[string]int // A queries per rebind-* name; guarded by mu
+	local   netip.Addr     // what hostLocal resolves to (none: NXDOMAIN); guarded by mu
+}
+
+// setLocal makes hostLocal resolve to a.
+func (d *fakeDNS) setLocal(a netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.local = a
 }
 
 func newFakeDNS(t *testing.T, up, private netip.Addr) *fakeDNS {
@@ -667,6 +676,8 @@ func (d *fakeDNS) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 			a = d.private
 		case name == hostLoopback:
 			a = netip.MustParseAddr("127.0.0.1")
+		case name == hostLocal && d.localAddr().IsValid():
+			a = d.localAddr()
 		case strings.HasPrefix(name, "rebind-") && strings.HasSuffix(name, ".test"):
 			a = netip.MustParseAddr("127.0.0.1")
 			if q.Qtype == dns.TypeA {
@@ -688,6 +699,12 @@ func (d *fakeDNS) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		}
 	}
 	_ = w.WriteMsg(m)
+}
+
+func (d *fakeDNS) localAddr() netip.Addr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.local
 }
 
 // asked reports whether the server was ever asked for name.

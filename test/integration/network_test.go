@@ -37,6 +37,7 @@ func TestNetwork(t *testing.T) {
 	t.Run("AllowedDomain", func(t *testing.T) { testNetAllowedDomain(t, fx) })
 	t.Run("RefusedDomain", func(t *testing.T) { testNetRefusedDomain(t, fx) })
 	t.Run("PrivateAddresses", func(t *testing.T) { testNetPrivateAddresses(t, fx) })
+	t.Run("HostAddress", func(t *testing.T) { testNetHostAddress(t, fx) })
 	t.Run("DNS", func(t *testing.T) { testNetDNS(t, fx) })
 	t.Run("RawTCP", func(t *testing.T) { testNetRawTCP(t, fx) })
 	t.Run("RuntimePolicyChange", func(t *testing.T) { testNetRuntimePolicyChange(t, fx) })
@@ -694,11 +695,16 @@ func testNetRuntimePolicyChange(t *testing.T, fx *netFixture) {
 // testNetSecretInjection proves ATTACKS.md #20: a brokered secret never
 // enters the sandbox yet is usable. The sandbox sees only the placeholder
 // CORRAL_SECRET_gh; the proxy puts the real value in the Authorization
-// header of requests to secret.test in every mode (HTTPS through CONNECT
-// and transparently, which the proxy intercepts with corral's CA that the
-// sandbox's bundle trusts; plain HTTP explicit and transparent), and
-// leaves the placeholder as it is for allowed.test, whose HTTPS stays
-// end-to-end encrypted (verified with the upstream's own CA). On
+// header of requests to secret.test over HTTPS (through CONNECT and
+// transparently, which the proxy intercepts with corral's CA that the
+// sandbox's bundle trusts), and leaves the placeholder as it is for
+// allowed.test, whose HTTPS stays end-to-end encrypted (verified with the
+// upstream's own CA). Over plain HTTP (explicit and transparent), where
+// the value would cross the network in clear text, a request carrying
+// gh's placeholder is refused with 403 secret_over_plain_http naming gh,
+// nothing reaches the upstream, and the audit log records the refusal;
+// the secret "plain", which the operator set with allow_http, is
+// injected over plain HTTP as well. On
 // intercepted TLS a request whose Host names another host (domain
 // fronting) is refused, so the value reaches secret.test only. A secret
 // changed while the sandbox runs is used at once; once deleted, only the
@@ -718,9 +724,24 @@ func testNetSecretInjection(t *testing.T, fx *netFixture) {
 	if _, err := s.c.PutSecret(ctx, name, []string{hostSecret}, "Authorization", value); err != nil {
 		t.Fatalf("put secret: %v", err)
 	}
-	sb := fx.newSandbox(t, s, corral.CreateOptions{Network: "allow", Allow: []string{hostSecret, hostAllowed}, Secrets: []string{name}})
-	if n, err := s.c.GetNetwork(ctx, sb.ID); err != nil || !slices.Equal(n.Secrets, []string{name}) {
-		t.Fatalf("network: %+v %v; want secrets [%s]", n, err, name)
+	plainValue := "Bearer " + randAlnum(t, 40)
+	const plainName = "plain"
+	plainPlaceholder := "CORRAL_SECRET_" + plainName
+	if ps, err := s.c.PutSecret(ctx, plainName, []string{hostSecret}, "Authorization", plainValue, corral.SecretOptions{AllowHTTP: true}); err != nil || !ps.AllowHTTP {
+		t.Fatalf("put secret with allow_http: %+v %v", ps, err)
+	}
+	list, err := s.c.ListSecrets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sec := range list {
+		if want := sec.Name == plainName; (sec.Name == name || sec.Name == plainName) && sec.AllowHTTP != want {
+			t.Fatalf("GET /v1/secrets: %s has allow_http %v, want %v", sec.Name, sec.AllowHTTP, want)
+		}
+	}
+	sb := fx.newSandbox(t, s, corral.CreateOptions{Network: "allow", Allow: []string{hostSecret, hostAllowed}, Secrets: []string{name, plainName}})
+	if n, err := s.c.GetNetwork(ctx, sb.ID); err != nil || !slices.Equal(n.Secrets, []string{name, plainName}) {
+		t.Fatalf("network: %+v %v; want secrets [%s %s]", n, err, name, plainName)
 	}
 	// describe says what a header is without printing the value.
 	describe := func(got string) string {
@@ -729,6 +750,8 @@ func testNetSecretInjection(t *testing.T, fx *netFixture) {
 			return "the secret value"
 		case placeholder:
 			return "the placeholder"
+		case plainValue:
+			return "the value of " + plainName
 		}
 		return fmt.Sprintf("something else (%d bytes)", len(got))
 	}
@@ -744,8 +767,6 @@ func testNetSecretInjection(t *testing.T, fx *netFixture) {
 	}{
 		{"https connect to secret host", "", hostSecret, true, value},
 		{"https transparent to secret host", "--noproxy '*' ", hostSecret, true, value},
-		{"http explicit to secret host", "", hostSecret, false, value},
-		{"http transparent to secret host", "--noproxy '*' ", hostSecret, false, value},
 		{"https connect to other host", ca, hostAllowed, true, placeholder},
 		{"https transparent to other host", "--noproxy '*' " + ca, hostAllowed, true, placeholder},
 		{"http explicit to other host", "", hostAllowed, false, placeholder},
@@ -768,6 +789,40 @@ func testNetSecretInjection(t *testing.T, fx *netFixture) {
 		})
 	}
 
+	// Plain HTTP to the secret's host: gh's placeholder is refused before
+	// anything is dialed; plain's (allow_http) is injected.
+	for _, mode := range []struct{ name, args string }{{"explicit", ""}, {"transparent", "--noproxy '*' "}} {
+		t.Run("http "+mode.name+" to secret host refused", func(t *testing.T) {
+			path := "/t7/plain-refused-" + mode.name
+			mark := auditMark(t, s, sb.ID)
+			r := curl(t, sb, hdr+mode.args+"http://"+hostSecret+path)
+			if r.Exit != 0 || r.Code != http.StatusForbidden || !strings.Contains(r.Body, "secret_over_plain_http: "+name) {
+				t.Fatalf("curl: exit %d status %d body %q stderr %q; want 403 secret_over_plain_http naming %s", r.Exit, r.Code, r.Body, r.Stderr, name)
+			}
+			if got := fx.up.requests(path); len(got) != 0 {
+				t.Fatalf("upstream received %d requests", len(got))
+			}
+			ev := waitEgressEvent(t, s, sb.ID, mark, "egress.http refused to "+hostSecret, func(e egressEvent) bool {
+				return e.Kind == "egress.http" && e.Host == hostSecret && e.Verdict == "refused"
+			})
+			if !strings.HasPrefix(ev.Reason, "secret_over_plain_http: "+name) || ev.Addr != "" || ev.BytesUp != 0 {
+				t.Fatalf("audit event %s: want secret_over_plain_http naming %s, nothing dialed", ev, name)
+			}
+		})
+		t.Run("http "+mode.name+" to secret host with allow_http", func(t *testing.T) {
+			path := "/t7/plain-allowed-" + mode.name
+			r := curl(t, sb, `-H "Authorization: $`+plainPlaceholder+`" `+mode.args+"http://"+hostSecret+path)
+			var rep echoReply
+			if r.Exit != 0 || r.Code != http.StatusOK || json.Unmarshal([]byte(r.Body), &rep) != nil {
+				t.Fatalf("curl: exit %d status %d body %q stderr %q", r.Exit, r.Code, r.Body, r.Stderr)
+			}
+			got := fx.up.requests(path)
+			if len(got) != 1 || got[0].TLS || got[0].Auth != plainValue {
+				t.Fatalf("upstream recorded %d requests for %s; want one over plain HTTP with the value of %s", len(got), path, plainName)
+			}
+		})
+	}
+
 	// Domain fronting: on TLS intercepted for secret.test, a request whose
 	// Host names another host is refused before anything is sent.
 	for _, mode := range []struct{ name, args string }{{"connect", ""}, {"transparent", "--noproxy '*' "}} {
@@ -786,17 +841,23 @@ func testNetSecretInjection(t *testing.T, fx *netFixture) {
 	t.Run("value only to its host", func(t *testing.T) {
 		fx.up.mu.Lock()
 		defer fx.up.mu.Unlock()
-		n := 0
+		n, plainN := 0, 0
 		for _, r := range fx.up.reqs {
 			if strings.Contains(r.Auth, strings.TrimPrefix(value, "Bearer ")) {
 				n++
+				if r.Host != hostSecret || !r.TLS {
+					t.Errorf("the secret value reached host %q over TLS %v (path %s)", r.Host, r.TLS, r.Path)
+				}
+			}
+			if strings.Contains(r.Auth, strings.TrimPrefix(plainValue, "Bearer ")) {
+				plainN++
 				if r.Host != hostSecret {
-					t.Errorf("the secret value reached host %q (path %s)", r.Host, r.Path)
+					t.Errorf("the value of %s reached host %q (path %s)", plainName, r.Host, r.Path)
 				}
 			}
 		}
-		if n != 4 {
-			t.Errorf("the upstream saw the value %d times, want 4 (the four requests to %s)", n, hostSecret)
+		if n != 2 || plainN != 2 {
+			t.Errorf("the upstream saw the value %d times and that of %s %d times, want 2 each (the HTTPS, resp. plain HTTP, requests to %s)", n, plainName, plainN, hostSecret)
 		}
 	})
 
@@ -805,7 +866,7 @@ func testNetSecretInjection(t *testing.T, fx *netFixture) {
 	t.Run("rotation and deletion", func(t *testing.T) {
 		const rot = "rot"
 		v1, v2 := "Bearer "+randAlnum(t, 40), "Bearer "+randAlnum(t, 40)
-		if _, err := s.c.PutSecret(ctx, rot, []string{hostSecret}, "Authorization", v1); err != nil {
+		if _, err := s.c.PutSecret(ctx, rot, []string{hostSecret}, "Authorization", v1, corral.SecretOptions{AllowHTTP: true}); err != nil {
 			t.Fatal(err)
 		}
 		rs := fx.newSandbox(t, s, corral.CreateOptions{Network: "allow", Allow: []string{hostSecret}, Secrets: []string{rot}})
@@ -829,7 +890,7 @@ func testNetSecretInjection(t *testing.T, fx *netFixture) {
 		if got := sent("/t7/rot-1"); got != "v1" {
 			t.Fatalf("before the change the upstream saw %s, want v1", got)
 		}
-		if _, err := s.c.PutSecret(ctx, rot, []string{hostSecret}, "Authorization", v2); err != nil {
+		if _, err := s.c.PutSecret(ctx, rot, []string{hostSecret}, "Authorization", v2, corral.SecretOptions{AllowHTTP: true}); err != nil {
 			t.Fatal(err)
 		}
 		if got := sent("/t7/rot-2"); got != "v2" {
@@ -890,7 +951,7 @@ func testNetSecretInjection(t *testing.T, fx *netFixture) {
 			t.Fatal(err)
 		}
 		all, _ := json.Marshal(evs)
-		if strings.Contains(string(all), value) || !strings.Contains(string(all), hostSecret) {
+		if strings.Contains(string(all), value) || strings.Contains(string(all), plainValue) || !strings.Contains(string(all), hostSecret) {
 			t.Fatalf("audit log (%d events): contains the value %v, names %s %v", len(evs), strings.Contains(string(all), value), hostSecret, strings.Contains(string(all), hostSecret))
 		}
 		for _, path := range []string{"/v1/audit?format=jsonl", "/v1/secrets", "/v1/sandboxes/" + sb.ID + "/network"} {
