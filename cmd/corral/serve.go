@@ -65,6 +65,8 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&cfg.EgressLimits.MaxConns, "egress-max-conns", 0, "concurrent egress connections per sandbox (default 64)")
 	f.Int64Var(&cfg.EgressLimits.MaxBytes, "egress-max-bytes", 0, "egress bytes up+down per sandbox over its life (default 1 GiB)")
 	f.IntVar(&cfg.EgressLimits.RequestsPerMinute, "egress-rpm", 0, "egress requests/connections per minute per sandbox (default 600)")
+	f.IntVar(&cfg.RefusalEvents, "egress-refusal-events", 0, "egress refusals per sandbox and interval recorded one by one; the rest are counted in one egress.summary event (default 60; negative: none)")
+	f.DurationVar(&cfg.RefusalInterval, "egress-refusal-interval", 0, "the interval of --egress-refusal-events (default 1m)")
 	f.StringVar(&cfg.E2BInternet, "e2b-internet", "none", "network mode of E2B sandboxes created with internet access and no allowOut: none or all-public")
 	f.DurationVar(&cfg.HTTPHeaderTimeout, "http-header-timeout", server.DefaultHTTPHeaderTimeout, "time a client has to send a request's headers")
 	f.DurationVar(&cfg.HTTPIdleTimeout, "http-idle-timeout", server.DefaultHTTPIdleTimeout, "keep-alive connections idle this long between requests are closed")
