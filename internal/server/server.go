@@ -87,6 +87,13 @@ type Config struct {
 	// (zero: egress.DefaultSummaryAfter and egress.DefaultSummaryInterval).
 	RefusalEvents   int
 	RefusalInterval time.Duration
+	// AuditRetention bounds the audit log and the command records (zero
+	// fields: audit's defaults). Its ArchiveDir defaults to
+	// DATA/audit-archive unless NoAuditArchive is set.
+	AuditRetention audit.Retention
+	// NoAuditArchive deletes events past the retention without writing
+	// them to an archive first.
+	NoAuditArchive bool
 	// RefuseEnvSecrets refuses sandboxes whose env vars look like secrets.
 	RefuseEnvSecrets bool
 	// E2BInternet is the network mode of an E2B sandbox created with
@@ -189,6 +196,11 @@ func (c *Config) Validate() error {
 		return err
 	}
 	c.DataDir = abs
+	if c.NoAuditArchive {
+		c.AuditRetention.ArchiveDir = ""
+	} else if c.AuditRetention.ArchiveDir == "" {
+		c.AuditRetention.ArchiveDir = filepath.Join(c.DataDir, "audit-archive")
+	}
 	return nil
 }
 
@@ -213,7 +225,8 @@ type Server struct {
 	// summary summarises egress refusals; nil without a gateway.
 	summary *egress.Summarizer
 
-	stopWatchdog context.CancelFunc
+	stopWatchdog  context.CancelFunc
+	stopRetention func() // stops the retention loop and waits for it
 
 	templates templateSource
 }
@@ -369,10 +382,14 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		al.Record("", "server.recovered", map[string]any{"reconciled": true,
 			"note": "the previous run did not stop cleanly; running sandboxes were adopted, dead ones ended as orphaned, state without a record reclaimed"})
 	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan struct{})
+	go func() { defer close(rdone); al.RunRetention(rctx, cfg.AuditRetention) }()
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
 		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey}, mgr, st, cfg.Log)
 	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
-		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}, summary: sum}, nil
+		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}, summary: sum,
+		stopRetention: func() { rcancel(); <-rdone }}, nil
 }
 
 // InstanceTagLen is the length of a server's instance tag: 5 hex digits
@@ -427,6 +444,7 @@ func openGateway(cfg Config, al *audit.Log, sum *egress.Summarizer) (*gateway.Ga
 // log and the store.
 func (s *Server) Close(ctx context.Context) error {
 	s.stopWatchdog()
+	s.stopRetention()
 	s.Manager.Shutdown(ctx, s.cfg.KillOnShutdown)
 	var errs []error
 	if s.Gateway != nil {
