@@ -1,21 +1,29 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corralaudit "github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/server"
 	corral "github.com/corralhq/corral/sdk/go"
+	"github.com/corralhq/corral/test/testserver"
 )
 
 // TestAuditEgress proves the audit log's egress evidence end to end (issue
@@ -311,4 +319,179 @@ func testAuditFlood(t *testing.T, fx *netFixture) {
 	if allowed < rounds {
 		t.Fatalf("the other sandbox has %d allowed DNS events for %d lookups", allowed, rounds)
 	}
+}
+
+// TestAuditRetention defends against the audit log and the command
+// records growing without end (issue 10 item 4), on a real server with
+// small bounds (40 events, 5 command records, a prune every 300 ms): the
+// retention deletes the oldest events and records, every deleted event
+// is in the archive first (archive plus what is left covers every id,
+// none twice: nothing is lost), one audit.pruned event says what went,
+// and `corral audit export --out` writes exactly the events that are
+// left, as JSON Lines.
+func TestAuditRetention(t *testing.T) {
+	need(t)
+	ts, err := testserver.StartWith("../../cmd/corral", slog.LevelWarn, func(c *server.Config) {
+		c.NoNetwork = true
+		c.AuditRetention = corralaudit.Retention{MaxEvents: 40, MaxCommands: 5, Interval: 300 * time.Millisecond}
+	})
+	if err != nil {
+		t.Fatalf("start server: %v", err)
+	}
+	t.Cleanup(func() { ts.Close() })
+	s := &netServer{ts: ts, c: corral.New(ts.URL, ts.Key)}
+	ctx := context.Background()
+	task := newTask(t, s)
+	sb, err := s.c.Create(ctx, corral.CreateOptions{Task: task, Timeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = s.c.Kill(context.Background(), sb.ID) })
+	for i := 0; i < 60; i++ {
+		if res, err := sb.Run(ctx, fmt.Sprintf("echo %d", i), corral.RunOptions{}); err != nil || res.ExitCode != 0 {
+			t.Fatalf("command %d: %v %+v", i, err, res)
+		}
+	}
+	commands := func() int {
+		req, _ := http.NewRequest("GET", ts.URL+"/v1/sandboxes/"+sb.ID+"/commands", nil)
+		req.Header.Set("X-API-Key", ts.Key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct{ Commands []json.RawMessage }
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		return len(out.Commands)
+	}
+	archiveDir := filepath.Join(ts.DataDir, "audit-archive")
+	archived := func() map[int64]int {
+		ids := map[int64]int{}
+		files, _ := filepath.Glob(filepath.Join(archiveDir, "events-*.jsonl.gz"))
+		for _, name := range files {
+			f, err := os.Open(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			zr, err := gzip.NewReader(f)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			sc := bufio.NewScanner(zr)
+			sc.Buffer(nil, 1<<20)
+			for sc.Scan() {
+				var ev corral.Event
+				if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+					t.Fatalf("%s: %q: %v", name, sc.Text(), err)
+				}
+				ids[ev.ID]++
+			}
+			f.Close()
+		}
+		return ids
+	}
+	var left []corral.Event
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		left, err = s.c.Audit(ctx, corral.AuditQuery{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pruned := 0
+		for _, ev := range left {
+			if ev.Kind == "audit.pruned" {
+				pruned++
+			}
+		}
+		// Settled: pruned, within the bound (plus the audit.pruned
+		// events made since the last prune) and the records trimmed.
+		if pruned > 0 && len(left) <= 40+pruned && commands() <= 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events, %d audit.pruned, %d command records: the retention did not bound them", len(left), pruned, commands())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Stop pruning concurrently with the comparison: nothing new happens
+	// on this server now except audit.pruned events, which come after.
+	arch := archived()
+	if len(arch) < 20 { // 60 command events alone, and 40 kept
+		t.Fatalf("the archive holds %d events, want at least 20", len(arch))
+	}
+	var maxID int64
+	for id, n := range arch {
+		if n != 1 {
+			t.Fatalf("event %d archived %d times", id, n)
+		}
+		maxID = max(maxID, id)
+	}
+	for _, ev := range left {
+		if arch[ev.ID] != 0 {
+			t.Fatalf("event %d is both archived and left", ev.ID)
+		}
+		arch[ev.ID] = 1
+		maxID = max(maxID, ev.ID)
+	}
+	for id := int64(1); id <= left[len(left)-1].ID; id++ {
+		if arch[id] == 0 {
+			t.Fatalf("event %d is neither in the archive nor left: lost by the retention", id)
+		}
+	}
+	var d struct {
+		Events  int64  `json:"events"`
+		Reason  string `json:"reason"`
+		Archive string `json:"archive"`
+	}
+	var prunedEvents, prunedCommands int64
+	for _, ev := range left {
+		if ev.Kind != "audit.pruned" {
+			continue
+		}
+		d.Events, d.Reason, d.Archive = 0, "", ""
+		var cmds struct{ Commands int64 }
+		if err := json.Unmarshal(ev.Data, &d); err != nil || json.Unmarshal(ev.Data, &cmds) != nil {
+			t.Fatalf("audit.pruned %s: %v", ev.Data, err)
+		}
+		prunedCommands += cmds.Commands
+		if d.Events > 0 {
+			if d.Reason != "size" || !strings.HasPrefix(d.Archive, archiveDir+"/") {
+				t.Fatalf("audit.pruned %s: want reason size and a file in %s", ev.Data, archiveDir)
+			}
+			prunedEvents += d.Events
+		}
+	}
+	// Earlier audit.pruned events may themselves have been pruned.
+	if prunedEvents == 0 || prunedCommands == 0 {
+		t.Fatalf("the audit.pruned events left say %d events and %d command records went", prunedEvents, prunedCommands)
+	}
+
+	out := filepath.Join(t.TempDir(), "export.jsonl")
+	_, errOut, code := cliAt(t, s, "audit", "export", "--out", out, "--since", "1h")
+	if code != 0 {
+		t.Fatalf("corral audit export: exit %d %s", code, errOut)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	first := lines[0]
+	var ev corral.Event
+	if err := json.Unmarshal([]byte(first), &ev); err != nil || ev.ID == 0 || ev.Kind == "" {
+		t.Fatalf("export line %q: %v", first, err)
+	}
+	now, err := s.c.Audit(ctx, corral.AuditQuery{After: ev.ID - 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) > len(now) || len(lines) < len(now)-2 {
+		t.Fatalf("export wrote %d events, the log has %d from id %d", len(lines), len(now), ev.ID)
+	}
+	if fi, err := os.Stat(out); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("export file: %v %v", fi, err)
+	}
+	t.Logf("%d events archived, %d left, export %d lines (%s)", len(archived()), len(left), len(lines), errOut)
 }
