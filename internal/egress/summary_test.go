@@ -166,7 +166,7 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 // suppressed emits no summary.
 func TestSummarizerWindows(t *testing.T) {
 	sums := &summaries{}
-	s := NewSummarizer(SummaryConfig{Interval: 100 * time.Millisecond, After: 2, OnSummary: sums.add})
+	s := NewSummarizer(SummaryConfig{Interval: 2 * time.Second, After: 2, OnSummary: sums.add})
 	defer s.Close()
 	ev := Event{Sandbox: "sb", Mode: EventRaw, Host: "203.0.113.9", Verdict: VerdictRefused, Reason: "no rule"}
 	var admitted []bool
