@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -210,21 +211,16 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
 	var since string
 	var asJSON, follow bool
 	cmd := &cobra.Command{
-		Use:   "audit [--task ID] [--sandbox ID] [--kind KIND] [--since 10m|TIME] [--json] [--follow]",
+		Use:   "audit [--task ID] [--sandbox ID] [--kind KIND] [--since 10m|TIME] [--json] [--follow] | audit export",
 		Short: "Show the audit log (sandbox lifecycle, egress, secrets)",
 		Example: `  corral audit --sandbox $ID
   corral audit --kind egress. --since 1h --json > egress.jsonl
   corral audit --follow`,
 		Args: argsRange(0, 0, "no arguments"),
 		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
-			if since != "" {
-				if d, err := parseDurationArg(since); err == nil {
-					q.Since = time.Now().Add(-d)
-				} else if t, err := time.Parse(time.RFC3339, since); err == nil {
-					q.Since = t
-				} else {
-					return usageError(cmd, "--since: give a duration (10m) or an RFC 3339 time")
-				}
+			var err error
+			if q.Since, err = parseWhen(since); err != nil {
+				return usageError(cmd, "--since: %v", err)
 			}
 			w := bufio.NewWriter(os.Stdout)
 			defer w.Flush()
@@ -264,11 +260,113 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&q.Task, "task", "", "only this task's events")
 	f.StringVar(&q.Sandbox, "sandbox", "", "only this sandbox's events")
-	f.StringVar(&q.Kind, "kind", "", `only this kind (egress.http), or a prefix ending in "." (egress.)`)
+	f.StringVar(&q.Kind, "kind", "", `only this kind and its family: "egress" is egress and every egress.* kind (egress.http, egress.dns, ...); "egress." is the same`)
 	f.StringVar(&since, "since", "", "only events newer than a duration ago (10m) or an RFC 3339 time")
 	f.IntVar(&q.Limit, "limit", 0, "at most this many events per request (1..10000)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per line (id, time, sandbox, task, kind, data): JSON Lines, for export")
 	f.BoolVar(&asJSON, "jsonl", false, "same as --json")
 	f.BoolVar(&follow, "follow", false, "keep printing new events until interrupted")
+	cmd.AddCommand(newAuditExportCmd(g))
+	return cmd
+}
+
+// parseWhen reads a --since or --until value: a duration back from now
+// (10m, 2h, 168h) or an RFC 3339 time; "" is the zero time.
+func parseWhen(v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if d, err := parseDurationArg(v); err == nil {
+		return time.Now().Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t, nil
+	}
+	return time.Time{}, errors.New("give a duration (10m) or an RFC 3339 time")
+}
+
+// newAuditExportCmd is `corral audit export`: every matching event, as
+// JSON Lines, to a file or stdout.
+func newAuditExportCmd(g *clientGlobals) *cobra.Command {
+	var q corral.AuditQuery
+	var since, until, out string
+	cmd := &cobra.Command{
+		Use:   "export [--since 168h|TIME] [--until TIME] [--out FILE] [--task ID] [--sandbox ID] [--kind KIND]",
+		Short: "Write every matching audit event as JSON Lines (before retention deletes them)",
+		Long: `Writes every matching audit event, oldest first, one JSON object per line
+(id, time, sandbox, task, kind, data) to --out (written to FILE.tmp and
+renamed when complete, mode 0600) or stdout. It pages through the log, so
+unlike "corral audit" it is not limited to 10000 events.`,
+		Example: `  corral audit export --since 720h --out audit-$(date +%F).jsonl
+  corral audit export --task $TASK --kind egress`,
+		Args: argsRange(0, 0, "no arguments"),
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
+			var err error
+			if q.Since, err = parseWhen(since); err != nil {
+				return usageError(cmd, "--since: %v", err)
+			}
+			if q.Until, err = parseWhen(until); err != nil {
+				return usageError(cmd, "--until: %v", err)
+			}
+			var f *os.File
+			w := bufio.NewWriter(os.Stdout)
+			if out != "" {
+				if f, err = os.OpenFile(out+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600); err != nil {
+					return err
+				}
+				defer os.Remove(out + ".tmp") // after the rename: nothing
+				defer f.Close()
+				w = bufio.NewWriter(f)
+			}
+			n := 0
+			var first, last int64
+			for {
+				evs, err := c.Audit(ctx, q)
+				if err != nil {
+					return err
+				}
+				if len(evs) == 0 {
+					break
+				}
+				for _, ev := range evs {
+					b, err := json.Marshal(ev)
+					if err != nil {
+						return err
+					}
+					if _, err := w.Write(append(b, '\n')); err != nil {
+						return err
+					}
+					if first == 0 {
+						first = ev.ID
+					}
+					last, q.After = ev.ID, ev.ID
+					n++
+				}
+			}
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			if f != nil {
+				if err := f.Sync(); err != nil {
+					return err
+				}
+				if err := f.Close(); err != nil {
+					return err
+				}
+				if err := os.Rename(out+".tmp", out); err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "exported %d events (ids %d..%d) to %s\n", n, first, last, out)
+			}
+			return nil
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&q.Task, "task", "", "only this task's events")
+	f.StringVar(&q.Sandbox, "sandbox", "", "only this sandbox's events")
+	f.StringVar(&q.Kind, "kind", "", `only this kind and its family ("egress" is every egress.* kind)`)
+	f.StringVar(&since, "since", "", "only events at or after a duration ago (168h) or an RFC 3339 time")
+	f.StringVar(&until, "until", "", "only events before a duration ago or an RFC 3339 time")
+	f.StringVar(&out, "out", "", "write to this file (default: stdout)")
 	return cmd
 }

@@ -192,12 +192,7 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 // as {"events": [...]}, or as JSON Lines with format=jsonl.
 func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := store.EventFilter{SandboxID: q.Get("sandbox"), TaskID: q.Get("task")}
-	if k := q.Get("kind"); strings.HasSuffix(k, ".") || strings.HasSuffix(k, "*") {
-		f.KindPrefix = strings.TrimSuffix(k, "*")
-	} else {
-		f.Kind = k
-	}
+	f := store.EventFilter{SandboxID: q.Get("sandbox"), TaskID: q.Get("task"), Kind: q.Get("kind")}
 	var err error
 	parseTime := func(name string) time.Time {
 		v := q.Get(name)

@@ -60,12 +60,15 @@ func New(st *store.Store, red *egress.Redactor, log *slog.Logger) *Log {
 }
 
 // Record queues one event. data is marshalled to a JSON object; kind is a
-// dotted name such as "egress.http" or "sandbox.created".
+// dotted name such as "egress.http" or "sandbox.created". An event of a
+// sandbox is stored with the sandbox's task (the store looks it up), so
+// callers never pass it.
 func (l *Log) Record(sandbox, kind string, data any) {
 	l.RecordTask(sandbox, "", kind, data)
 }
 
-// RecordTask is Record for an event that belongs to a task.
+// RecordTask is Record for an event that belongs to a task, for events
+// of a task itself (budgets, breakers) that may name no sandbox.
 func (l *Log) RecordTask(sandbox, task, kind string, data any) {
 	b, err := json.Marshal(data)
 	if err != nil || len(b) == 0 || b[0] != '{' {

@@ -63,8 +63,12 @@ type DNSFilterConfig struct {
 	// Log receives one line per query. Nil discards. Wrap the handler with
 	// [NewSlogHandler] to redact secrets.
 	Log *slog.Logger
-	// OnEvent, when set, is called once per query, answered or refused.
+	// OnEvent, when set, is called once per query, answered or refused,
+	// except for refusals Summary counts instead.
 	OnEvent func(Event)
+	// Summary, when set, counts a sandbox's refusals past its rate
+	// instead of logging and emitting each (see [Summarizer]).
+	Summary *Summarizer
 }
 
 // DNSFilter is the DNS server a sandbox is given (ATTACKS.md #8). It
@@ -98,7 +102,8 @@ type DNSFilterConfig struct {
 // Steps 1 to 7 never consult the upstream resolver. Every query that
 // reaches the handler emits one [Event] (Sandbox, Host = the query name,
 // Method = "DNS " + type, Addr = the answered addresses, Verdict, Reason)
-// before the reply is sent.
+// before the reply is sent, unless [DNSFilterConfig.Summary] counts it in
+// a summary instead.
 // Answers carry at most [DNSMaxAnswers] records with [DNSFilterConfig.TTL].
 //
 // DNSFilter is a [dns.Handler]; serve it with [DNSFilter.ListenAndServe]
@@ -291,6 +296,9 @@ func (f *DNSFilter) answer(r *dns.Msg, remote net.Addr, ev *Event) (int, []netip
 
 func (f *DNSFilter) emit(ev Event, rcode int) {
 	ev.Mode = EventDNS
+	if !f.cfg.Summary.admit(ev) {
+		return
+	}
 	f.log.Info("dns query",
 		"sandbox", ev.Sandbox, "name", ev.Host, "method", ev.Method,
 		"rcode", dns.RcodeToString[rcode], "addr", ev.Addr,

@@ -114,8 +114,12 @@ type ProxyConfig struct {
 	// secret value itself).
 	Log *slog.Logger
 	// OnEvent, when set, is called once per attempt, allowed or refused,
-	// after it has finished (for a refusal, before the client sees it).
+	// after it has finished (for a refusal, before the client sees it),
+	// except for refusals Summary counts instead.
 	OnEvent func(Event)
+	// Summary, when set, counts a sandbox's refusals past its rate
+	// instead of logging and emitting each (see [Summarizer]).
+	Summary *Summarizer
 }
 
 // Event records one egress attempt for the audit log: one plain HTTP
@@ -743,6 +747,9 @@ func refusalHeaders(w http.ResponseWriter, reason string) {
 }
 
 func (p *Proxy) emit(ev Event) {
+	if !p.cfg.Summary.admit(ev) {
+		return
+	}
 	level := slog.LevelInfo
 	if ev.Verdict != VerdictAllowed {
 		level = slog.LevelWarn

@@ -53,8 +53,12 @@ type Config struct {
 	UpstreamRoots *x509.CertPool
 	// Log receives proxy and DNS logs; wrap it with egress.NewSlogHandler.
 	Log *slog.Logger
-	// OnEvent receives every egress attempt (proxy and DNS).
+	// OnEvent receives every egress attempt (proxy and DNS), except the
+	// refusals Summary counts instead.
 	OnEvent func(egress.Event)
+	// Summary, when set, summarises each sandbox's refusals past its rate
+	// (proxy and DNS share it).
+	Summary *egress.Summarizer
 }
 
 // Gateway is the host side of sandbox networking.
@@ -122,6 +126,7 @@ func New(cfg Config) (*Gateway, error) {
 		UpstreamRoots: cfg.UpstreamRoots,
 		Log:           cfg.Log,
 		OnEvent:       cfg.OnEvent,
+		Summary:       cfg.Summary,
 	})
 	g.dns = egress.NewDNSFilter(egress.DNSFilterConfig{
 		Policy: func(a netip.Addr) (egress.Policy, string, bool) {
@@ -131,6 +136,7 @@ func New(cfg Config) (*Gateway, error) {
 		Resolver: cfg.Resolver,
 		Log:      cfg.Log,
 		OnEvent:  cfg.OnEvent,
+		Summary:  cfg.Summary,
 	})
 	dir := filepath.Join(cfg.Dir, "netns")
 	g.nets, err = netns.New(netns.Config{
@@ -297,6 +303,7 @@ func (g *Gateway) Remove(id string) error {
 	}
 	g.mu.Unlock()
 	g.proxy.Forget(id)
+	g.cfg.Summary.Forget(id)
 	return g.nets.Remove(id)
 }
 

@@ -245,7 +245,7 @@ func (p *Process) finish(end *process.ProcessEvent_EndEvent, err error) {
 	}
 	p.warnings = p.call.End(exit, failed)
 	lim := int64(p.m.cfg.MaxOutput)
-	p.m.auditTask(p.id, p.task, "command", map[string]any{
+	p.m.audit(p.id, "command", map[string]any{
 		"command": clipCommand(p.rec.Command), "cwd": p.rec.Cwd, "user": p.rec.User, "exit_code": p.rec.ExitCode,
 		"duration_ms": now.Sub(p.rec.StartedAt).Milliseconds(), "stdout_bytes": p.rec.StdoutBytes, "stderr_bytes": p.rec.StderrBytes,
 		"truncated": lim > 0 && (p.rec.StdoutBytes > lim || p.rec.StderrBytes > lim), "timed_out": p.rec.TimedOut,

@@ -723,9 +723,9 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 	// The event is recorded before the record says ended, so that anyone
 	// who reads "ended" finds the event in the audit log.
 	task := m.taskOf(id)
-	m.auditTask(id, task, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
+	m.audit(id, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
 	if err := m.store.EndSandbox(context.WithoutCancel(ctx), id, reason, errText, time.Now()); err != nil {
-		m.auditTask(id, task, "sandbox.end_unrecorded", map[string]any{"reason": reason, "error": err.Error()})
+		m.audit(id, "sandbox.end_unrecorded", map[string]any{"reason": reason, "error": err.Error()})
 		return err
 	}
 	// From here the sandbox has ended; a failed stop is logged and kept
@@ -1076,7 +1076,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		// but nobody will see their end. Close the records.
 		if open, err := m.store.EndOpenCommands(ctx, rec.ID, "control_plane_restarted", time.Now()); err == nil {
 			for _, c := range open {
-				m.auditTask(rec.ID, rec.TaskID, "command.interrupted", map[string]any{
+				m.audit(rec.ID, "command.interrupted", map[string]any{
 					"command": clipCommand(c.Command), "started": c.StartedAt,
 					"reason": "the control plane stopped while the command ran; its end was not observed"})
 			}
@@ -1108,7 +1108,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			return err
 		}
 		m.log.Info("reclaimed sandbox", "id", rec.ID, "reason", reason)
-		m.auditTask(rec.ID, rec.TaskID, "sandbox.ended", map[string]any{"reason": reason, "reclaimed_at_start": true})
+		m.audit(rec.ID, "sandbox.ended", map[string]any{"reason": reason, "reclaimed_at_start": true})
 	}
 	for _, id := range held {
 		if known[id] {
@@ -1119,7 +1119,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			continue
 		}
 		m.log.Info("reclaimed orphan without record", "id", id)
-		m.auditTask(id, "", "reaper.reclaimed", map[string]any{"what": "runtime state without a record", "reason": "no_record"})
+		m.audit(id, "reaper.reclaimed", map[string]any{"what": "runtime state without a record", "reason": "no_record"})
 	}
 	m.restoreNetworks(ctx)
 	m.loadPools(ctx)

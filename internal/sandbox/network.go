@@ -304,21 +304,14 @@ func (m *Manager) NetworkUsage(id string) (egress.Usage, bool) {
 	return m.cfg.Gateway.Usage(id), true
 }
 
-// audit records an event when the manager has an audit log.
-// The sandbox's task is looked up; m.mu must not be held.
+// audit records an event of sandbox id when the manager has an audit
+// log; the store gives it the sandbox's task.
 func (m *Manager) audit(id, kind string, data any) {
 	if m.cfg.Audit != nil {
-		m.cfg.Audit.RecordTask(id, m.taskOf(id), kind, data)
+		m.cfg.Audit.Record(id, kind, data)
 	}
 }
 
 // RecordEvent records an event of sandbox id (and its task) in the audit
 // log, for events the API observes (file operations).
 func (m *Manager) RecordEvent(id, kind string, data any) { m.audit(id, kind, data) }
-
-// auditTask records an event of a sandbox whose task is known.
-func (m *Manager) auditTask(id, task, kind string, data any) {
-	if m.cfg.Audit != nil {
-		m.cfg.Audit.RecordTask(id, task, kind, data)
-	}
-}

@@ -50,7 +50,7 @@ func (m *Manager) Reap(ctx context.Context) {
 			m.log.Error("reaper: reclaim", "id", id, "err", err)
 			continue
 		}
-		m.auditTask(id, "", "reaper.reclaimed", map[string]any{"what": "runtime state", "reason": "no_record"})
+		m.audit(id, "reaper.reclaimed", map[string]any{"what": "runtime state", "reason": "no_record"})
 		m.log.Info("reaper reclaimed runtime state without a live sandbox", "id", id)
 	}
 	if gw := m.cfg.Gateway; gw != nil {
@@ -60,7 +60,7 @@ func (m *Manager) Reap(ctx context.Context) {
 			_, ok := m.live[id]
 			return ok
 		}) {
-			m.auditTask(id, "", "reaper.reclaimed", map[string]any{"what": "network (veth, nftables rules)", "reason": "no_record"})
+			m.audit(id, "reaper.reclaimed", map[string]any{"what": "network (veth, nftables rules)", "reason": "no_record"})
 		}
 	}
 	m.purgeDeletedSnapshots(ctx)
@@ -96,7 +96,7 @@ func (m *Manager) reapOne(ctx context.Context, id, task, reason, why string, sti
 	err := m.endIf(ctx, id, reason, why, still)
 	switch {
 	case err == nil:
-		m.auditTask(id, task, "reaper.reclaimed", map[string]any{"what": "sandbox", "reason": reason, "detail": why})
+		m.audit(id, "reaper.reclaimed", map[string]any{"what": "sandbox", "reason": reason, "detail": why})
 	case errors.Is(err, ErrNotFound), errors.Is(err, errEndCancelled):
 	default:
 		m.log.Error("reaper: end sandbox", "id", id, "err", err)

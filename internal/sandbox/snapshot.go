@@ -156,7 +156,7 @@ func (m *Manager) purgeSnapshot(ctx context.Context, id string) {
 			m.log.Error("remove snapshot layer", "snapshot", id, "err", err)
 		}
 	}
-	m.auditTask("", "", "snapshot.removed", map[string]any{"snapshot": id, "bytes": sn.SizeBytes})
+	m.audit("", "snapshot.removed", map[string]any{"snapshot": id, "bytes": sn.SizeBytes})
 	if sn.Parent != "" {
 		m.purgeSnapshot(ctx, sn.Parent)
 	}

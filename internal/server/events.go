@@ -36,3 +36,14 @@ func eventData(ev egress.Event) map[string]any {
 	}
 	return d
 }
+
+// summaryData is the stored form of an egress.summary event: the window,
+// how many refusals were recorded one by one and how many only counted,
+// by mode, and the top names and reasons.
+func summaryData(s egress.Summary) map[string]any {
+	return map[string]any{
+		"window_start": s.Start.UTC(), "window_end": s.End.UTC(),
+		"recorded": s.Recorded, "suppressed": s.Suppressed, "by_mode": s.ByMode,
+		"top_names": s.TopNames, "top_reasons": s.TopReasons,
+	}
+}

@@ -81,6 +81,19 @@ type Config struct {
 	EgressUpstreamCA string
 	// EgressLimits are the per-sandbox egress caps (zero: defaults).
 	EgressLimits egress.Limits
+	// RefusalEvents is how many egress refusals per sandbox and
+	// RefusalInterval are audit events one by one; past it they are
+	// counted in one egress.summary event per sandbox and interval
+	// (zero: egress.DefaultSummaryAfter and egress.DefaultSummaryInterval).
+	RefusalEvents   int
+	RefusalInterval time.Duration
+	// AuditRetention bounds the audit log and the command records (zero
+	// fields: audit's defaults). Its ArchiveDir defaults to
+	// DATA/audit-archive unless NoAuditArchive is set.
+	AuditRetention audit.Retention
+	// NoAuditArchive deletes events past the retention without writing
+	// them to an archive first.
+	NoAuditArchive bool
 	// RefuseEnvSecrets refuses sandboxes whose env vars look like secrets.
 	RefuseEnvSecrets bool
 	// E2BInternet is the network mode of an E2B sandbox created with
@@ -183,6 +196,11 @@ func (c *Config) Validate() error {
 		return err
 	}
 	c.DataDir = abs
+	if c.NoAuditArchive {
+		c.AuditRetention.ArchiveDir = ""
+	} else if c.AuditRetention.ArchiveDir == "" {
+		c.AuditRetention.ArchiveDir = filepath.Join(c.DataDir, "audit-archive")
+	}
 	return nil
 }
 
@@ -204,8 +222,11 @@ type Server struct {
 	Governor *govern.Governor
 	// Watchdog samples running sandboxes.
 	Watchdog *watchdog.Watchdog
+	// summary summarises egress refusals; nil without a gateway.
+	summary *egress.Summarizer
 
-	stopWatchdog context.CancelFunc
+	stopWatchdog  context.CancelFunc
+	stopRetention func() // stops the retention loop and waits for it
 
 	templates templateSource
 }
@@ -305,8 +326,11 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	al.Observe(met.Event)
 	var gw *gateway.Gateway
+	var sum *egress.Summarizer
 	if !cfg.NoNetwork {
-		gw, err = openGateway(cfg, al)
+		sum = egress.NewSummarizer(egress.SummaryConfig{Interval: cfg.RefusalInterval, After: cfg.RefusalEvents, Log: cfg.Log,
+			OnSummary: func(s egress.Summary) { al.Record(s.Sandbox, "egress.summary", summaryData(s)) }})
+		gw, err = openGateway(cfg, al, sum)
 		if err != nil {
 			// Sandboxes without a network still work; asking for one
 			// fails with a clear error.
@@ -349,6 +373,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		if gw != nil {
 			gw.Close()
 		}
+		sum.Close()
 		al.Close()
 		st.Close()
 		return nil, fmt.Errorf("reconcile: %w", err)
@@ -357,10 +382,14 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		al.Record("", "server.recovered", map[string]any{"reconciled": true,
 			"note": "the previous run did not stop cleanly; running sandboxes were adopted, dead ones ended as orphaned, state without a record reclaimed"})
 	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan struct{})
+	go func() { defer close(rdone); al.RunRetention(rctx, cfg.AuditRetention) }()
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
 		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey}, mgr, st, cfg.Log)
 	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
-		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}}, nil
+		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}, summary: sum,
+		stopRetention: func() { rcancel(); <-rdone }}, nil
 }
 
 // InstanceTagLen is the length of a server's instance tag: 5 hex digits
@@ -377,7 +406,7 @@ func instanceTag(dataDir string) string {
 
 // openGateway starts the network gateway: egress CA, resolver, listeners
 // and the nftables table.
-func openGateway(cfg Config, al *audit.Log) (*gateway.Gateway, error) {
+func openGateway(cfg Config, al *audit.Log, sum *egress.Summarizer) (*gateway.Gateway, error) {
 	dir := filepath.Join(cfg.DataDir, "net")
 	ca, err := egress.LoadOrCreateCA(filepath.Join(cfg.DataDir, "ca"))
 	if err != nil {
@@ -406,6 +435,7 @@ func openGateway(cfg Config, al *audit.Log) (*gateway.Gateway, error) {
 		Range: cfg.NetworkRange, Instance: instanceTag(cfg.DataDir), Dir: dir,
 		Resolver: resolver, CA: ca, UpstreamRoots: roots, Log: cfg.Log,
 		OnEvent: func(ev egress.Event) { al.Record(ev.Sandbox, eventKind(ev), eventData(ev)) },
+		Summary: sum,
 	})
 }
 
@@ -414,6 +444,7 @@ func openGateway(cfg Config, al *audit.Log) (*gateway.Gateway, error) {
 // log and the store.
 func (s *Server) Close(ctx context.Context) error {
 	s.stopWatchdog()
+	s.stopRetention()
 	s.Manager.Shutdown(ctx, s.cfg.KillOnShutdown)
 	var errs []error
 	if s.Gateway != nil {
@@ -421,6 +452,7 @@ func (s *Server) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	s.summary.Close() // the last windows' summaries, before the log closes
 	s.Audit.Record("", "server.stopped", map[string]any{"kill_on_shutdown": s.cfg.KillOnShutdown})
 	s.Audit.Close()
 	_ = os.Remove(filepath.Join(s.cfg.DataDir, "server.running"))

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -94,21 +95,12 @@ type Event struct {
 	Data      json.RawMessage `json:"data"`
 }
 
-// AppendEvent stores ev (ID and, when zero, At are set) and returns its id.
+// AppendEvent stores ev (ID and, when zero, At and TaskID are set; see
+// [Store.AppendEvents]) and returns its id.
 func (s *Store) AppendEvent(ctx context.Context, ev *Event) (int64, error) {
-	if ev.At.IsZero() {
-		ev.At = time.Now().UTC()
+	if err := s.AppendEvents(ctx, []*Event{ev}); err != nil {
+		return 0, err
 	}
-	data := ev.Data
-	if len(data) == 0 {
-		data = json.RawMessage("{}")
-	}
-	r, err := s.db.ExecContext(ctx, `INSERT INTO events (at, sandbox_id, task_id, kind, data) VALUES (?,?,?,?,?)`,
-		ev.At.UnixMicro(), ev.SandboxID, ev.TaskID, ev.Kind, string(data))
-	if err != nil {
-		return 0, fmt.Errorf("append %s event: %w", ev.Kind, err)
-	}
-	ev.ID, _ = r.LastInsertId()
 	return ev.ID, nil
 }
 
@@ -116,11 +108,13 @@ func (s *Store) AppendEvent(ctx context.Context, ev *Event) (int64, error) {
 type EventFilter struct {
 	SandboxID string
 	TaskID    string
-	Kind      string
-	// KindPrefix matches kinds that start with it ("egress." for example).
-	KindPrefix string
-	Since      time.Time
-	Until      time.Time
+	// Kind selects a kind and its family: "egress" matches "egress" and
+	// every "egress.*" kind, "egress.dns" matches "egress.dns" and
+	// "egress.dns.*" (never "egress.dnsx"). A trailing ".", ".*" or "*"
+	// ("egress.", "egress.*") means the same family.
+	Kind  string
+	Since time.Time
+	Until time.Time
 	// AfterID returns only events with a larger id (for following).
 	AfterID int64
 	// Limit caps the result (default and maximum 10000).
@@ -139,13 +133,9 @@ func (s *Store) ListEvents(ctx context.Context, f EventFilter) ([]*Event, error)
 		q += ` AND sandbox_id = ?`
 		args = append(args, f.SandboxID)
 	}
-	if f.Kind != "" {
-		q += ` AND kind = ?`
-		args = append(args, f.Kind)
-	}
-	if f.KindPrefix != "" {
-		q += ` AND substr(kind, 1, ?) = ?`
-		args = append(args, len(f.KindPrefix), f.KindPrefix)
+	if k := KindFamily(f.Kind); k != "" {
+		q += ` AND (kind = ? OR substr(kind, 1, ?) = ?)`
+		args = append(args, k, len(k)+1, k+".")
 	}
 	if !f.Since.IsZero() {
 		q += ` AND at >= ?`
@@ -181,7 +171,19 @@ func (s *Store) ListEvents(ctx context.Context, f EventFilter) ([]*Event, error)
 	return out, rows.Err()
 }
 
-// AppendEvents stores evs in one transaction, in order.
+// KindFamily is the family a kind filter names: f without a trailing "*"
+// and then without a trailing "." ("egress.*", "egress." and "egress" all
+// name "egress").
+func KindFamily(f string) string {
+	return strings.TrimSuffix(strings.TrimSuffix(f, "*"), ".")
+}
+
+// AppendEvents stores evs in one transaction, in order. An event of a
+// sandbox that names no task gets the sandbox's task from its record (the
+// one place where events are attributed: whoever records an event of a
+// sandbox — the egress proxy, the DNS filter, the manager — need not know
+// its task, and `corral audit --task` sees every event a task's sandboxes
+// caused). ID and, when zero, At are set on each event.
 func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -193,7 +195,19 @@ func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 		return fmt.Errorf("append events: %w", err)
 	}
 	defer stmt.Close()
+	tasks := map[string]string{} // sandbox id -> task id, for this batch
 	for _, ev := range evs {
+		if ev.TaskID == "" && ev.SandboxID != "" {
+			task, ok := tasks[ev.SandboxID]
+			if !ok {
+				err := tx.QueryRowContext(ctx, `SELECT task_id FROM sandboxes WHERE id=?`, ev.SandboxID).Scan(&task)
+				if err != nil && !errors.Is(err, sql.ErrNoRows) {
+					return fmt.Errorf("append events: task of sandbox %s: %w", ev.SandboxID, err)
+				}
+				tasks[ev.SandboxID] = task
+			}
+			ev.TaskID = task
+		}
 		if ev.At.IsZero() {
 			ev.At = time.Now().UTC()
 		}

@@ -100,6 +100,9 @@ func TestEventsAppendOnlyAndFiltered(t *testing.T) {
 		{SandboxID: "a", Kind: "egress.http", Data: json.RawMessage(`{"host":"x"}`)},
 		{SandboxID: "b", Kind: "egress.dns"},
 		{SandboxID: "a", Kind: "sandbox.created"},
+		{SandboxID: "a", Kind: "egress.dns.summary"},
+		{SandboxID: "a", Kind: "egressx"},
+		{SandboxID: "a", Kind: "egress"},
 	} {
 		e.At = t0.Add(time.Duration(i) * time.Second)
 		if _, err := s.AppendEvent(ctx, &e); err != nil {
@@ -111,12 +114,18 @@ func TestEventsAppendOnlyAndFiltered(t *testing.T) {
 		f    EventFilter
 		want []string
 	}{
-		{"all", EventFilter{}, []string{"egress.http", "egress.dns", "sandbox.created"}},
-		{"sandbox", EventFilter{SandboxID: "a"}, []string{"egress.http", "sandbox.created"}},
-		{"prefix", EventFilter{KindPrefix: "egress."}, []string{"egress.http", "egress.dns"}},
-		{"kind", EventFilter{Kind: "egress.dns"}, []string{"egress.dns"}},
-		{"since", EventFilter{Since: t0.Add(time.Second)}, []string{"egress.dns", "sandbox.created"}},
-		{"after id", EventFilter{AfterID: 2}, []string{"sandbox.created"}},
+		{"all", EventFilter{}, []string{"egress.http", "egress.dns", "sandbox.created", "egress.dns.summary", "egressx", "egress"}},
+		{"sandbox", EventFilter{SandboxID: "b"}, []string{"egress.dns"}},
+		// A kind names its family: "egress" is egress and every egress.*,
+		// never egressx; the trailing-dot (README) and star forms agree.
+		{"family", EventFilter{Kind: "egress"}, []string{"egress.http", "egress.dns", "egress.dns.summary", "egress"}},
+		{"family dot", EventFilter{Kind: "egress."}, []string{"egress.http", "egress.dns", "egress.dns.summary", "egress"}},
+		{"family star", EventFilter{Kind: "egress.*"}, []string{"egress.http", "egress.dns", "egress.dns.summary", "egress"}},
+		{"kind", EventFilter{Kind: "sandbox.created"}, []string{"sandbox.created"}},
+		{"kind and its family", EventFilter{Kind: "egress.dns"}, []string{"egress.dns", "egress.dns.summary"}},
+		{"kind is no raw prefix", EventFilter{Kind: "egress.dn"}, nil},
+		{"since", EventFilter{Since: t0.Add(5 * time.Second)}, []string{"egress"}},
+		{"after id", EventFilter{AfterID: 5}, []string{"egress"}},
 		{"limit", EventFilter{Limit: 1}, []string{"egress.http"}},
 	}
 	for _, tc := range tests {
@@ -153,7 +162,7 @@ func TestEventsAppendOnlyAndFiltered(t *testing.T) {
 	}
 	defer s.Close()
 	evs, _ := s.ListEvents(ctx, EventFilter{})
-	if len(evs) != 3 || string(evs[0].Data) != `{"host":"x"}` {
+	if len(evs) != 6 || string(evs[0].Data) != `{"host":"x"}` {
 		t.Fatalf("after reopen: %d events, first %s", len(evs), evs[0].Data)
 	}
 }
@@ -211,5 +220,61 @@ func TestDatabaseFileIsPrivate(t *testing.T) {
 		if fi.Mode().Perm() != 0o600 {
 			t.Fatalf("%s has mode %v, want 0600", filepath.Base(p), fi.Mode().Perm())
 		}
+	}
+}
+
+// TestEventsTakeTheSandboxTask defends against egress events that do not
+// name their task (issue 10 item 3): the DNS filter and the proxy know
+// only the sandbox, so a refused exfiltration attempt was stored with an
+// empty task and `corral audit --task` did not show it. Every event of a
+// sandbox gets the sandbox's task when it is stored; a task named by the
+// caller is kept; an event of no sandbox stays without a task.
+func TestEventsTakeTheSandboxTask(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now()
+	for id, task := range map[string]string{"sb-task": "task-1", "sb-none": ""} {
+		if err := s.InsertSandbox(ctx, &Sandbox{ID: id, Template: "base", Runtime: "runc", Tier: "default",
+			State: StateRunning, CreatedAt: now, ExpiresAt: now.Add(time.Hour), TaskID: task}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs := []*Event{
+		{SandboxID: "sb-task", Kind: "egress.dns"},
+		{SandboxID: "sb-task", TaskID: "task-explicit", Kind: "task.call_refused"},
+		{SandboxID: "sb-none", Kind: "egress.http"},
+		{SandboxID: "sb-unknown", Kind: "egress.tcp"},
+		{Kind: "server.started"},
+		{SandboxID: "sb-task", Kind: "egress.http"},
+	}
+	if err := s.AppendEvents(ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AppendEvent(ctx, &Event{SandboxID: "sb-task", Kind: "file.write"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ListEvents(ctx, EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"task-1", "task-explicit", "", "", "", "task-1", "task-1"}
+	if len(got) != len(want) {
+		t.Fatalf("%d events, want %d", len(got), len(want))
+	}
+	for i, e := range got {
+		if e.TaskID != want[i] {
+			t.Errorf("event %d (%s of %q): task %q, want %q", i, e.Kind, e.SandboxID, e.TaskID, want[i])
+		}
+	}
+	byTask, err := s.ListEvents(ctx, EventFilter{TaskID: "task-1", Kind: "egress"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(byTask) != 2 || byTask[0].Kind != "egress.dns" || byTask[1].Kind != "egress.http" {
+		t.Fatalf("task-1's egress events: %v", byTask)
 	}
 }

@@ -128,8 +128,6 @@ CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, id);
 CREATE INDEX IF NOT EXISTS events_kind ON events(kind, id);
 CREATE TRIGGER IF NOT EXISTS events_append_only_update BEFORE UPDATE ON events
 BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
-CREATE TRIGGER IF NOT EXISTS events_append_only_delete BEFORE DELETE ON events
-BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
 CREATE TABLE IF NOT EXISTS volumes (
 	id TEXT PRIMARY KEY,
 	name TEXT NOT NULL UNIQUE,
@@ -173,7 +171,7 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
 	}
-	if _, err := db.Exec(`CREATE INDEX IF NOT EXISTS events_task ON events(task_id, id)`); err != nil {
+	if _, err := db.Exec(`CREATE INDEX IF NOT EXISTS events_task ON events(task_id, id)` + `;` + appendOnlyDelete); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
 	}
