@@ -84,6 +84,9 @@ type Summarizer struct {
 	cfg SummaryConfig
 	log *slog.Logger
 	now func() time.Time
+	// afterFunc starts a window's timer (time.AfterFunc; tests replace it
+	// to end windows without waiting for the clock).
+	afterFunc func(d time.Duration, f func()) (stop func() bool)
 
 	// mu guards windows and closed.
 	mu      sync.Mutex
@@ -99,7 +102,7 @@ type window struct {
 	byMode     map[string]int
 	names      topCounter
 	reasons    topCounter
-	timer      *time.Timer
+	stopTimer  func() bool
 }
 
 // NewSummarizer returns a summarizer with cfg.
@@ -110,7 +113,8 @@ func NewSummarizer(cfg SummaryConfig) *Summarizer {
 	if cfg.After == 0 {
 		cfg.After = DefaultSummaryAfter
 	}
-	s := &Summarizer{cfg: cfg, log: cfg.Log, now: time.Now, windows: map[string]*window{}}
+	s := &Summarizer{cfg: cfg, log: cfg.Log, now: time.Now, windows: map[string]*window{},
+		afterFunc: func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -133,7 +137,7 @@ func (s *Summarizer) admit(ev Event) bool {
 		w = &window{start: s.now(), byMode: map[string]int{}}
 		s.windows[ev.Sandbox] = w
 		id := ev.Sandbox
-		w.timer = time.AfterFunc(s.cfg.Interval, func() { s.flush(id, w) })
+		w.stopTimer = s.afterFunc(s.cfg.Interval, func() { s.flush(id, w) })
 	}
 	if w.recorded < s.cfg.After {
 		w.recorded++
@@ -155,7 +159,7 @@ func (s *Summarizer) flush(id string, w *window) {
 		return
 	}
 	delete(s.windows, id)
-	w.timer.Stop()
+	w.stopTimer()
 	s.mu.Unlock()
 	s.emit(id, w)
 }
@@ -207,7 +211,7 @@ func (s *Summarizer) Close() {
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
-		ws[id].timer.Stop()
+		ws[id].stopTimer()
 		s.emit(id, ws[id])
 	}
 }
