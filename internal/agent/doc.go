@@ -18,10 +18,10 @@
 // Security: the agent runs inside the sandbox, in the sandbox's own mount
 // namespace and root, so every path it resolves — including through
 // symlinks and ".." — resolves inside the sandbox's root by construction.
-// This is the file-API confinement of ATTACKS #11: there is no host-side path
-// handling to escape from. As PID 1 it reaps every orphan (ATTACKS #13), and
+// This is the file-API confinement of threat-model.md #11: there is no host-side path
+// handling to escape from. As PID 1 it reaps every orphan (threat-model.md #13), and
 // it marks itself non-dumpable so code in the sandbox cannot ptrace it or
-// read its memory (ATTACKS #6). Spawned processes get their own session and
+// read its memory (threat-model.md #6). Spawned processes get their own session and
 // process group, the requested user's credentials, an oom_score_adj of 100
 // and only the sandbox-global environment, never the agent's own.
 package agent

@@ -12,7 +12,7 @@ import (
 
 // reaper is the single place where the agent waits for children. As PID 1 of
 // the sandbox (or a child subreaper) the agent inherits every orphan, so it
-// must reap all of them (ATTACKS #13); mixing exec.Cmd.Wait with a wait4(-1)
+// must reap all of them (threat-model.md #13); mixing exec.Cmd.Wait with a wait4(-1)
 // loop would race, so every child is started with syscall.ForkExec and its
 // exit status is delivered here.
 //

@@ -161,7 +161,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // PID 1, SIGTERM arrives, in which case every process in the sandbox is
 // sent SIGTERM first.
 func Main(ctx context.Context, cfg Config) error {
-	// ATTACKS #6: code in the sandbox must not ptrace the agent.
+	// threat-model.md #6: code in the sandbox must not ptrace the agent.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("agent: PR_SET_DUMPABLE: %w", err)
 	}

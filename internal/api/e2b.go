@@ -22,7 +22,7 @@ import (
 	"github.com/corralhq/corral/internal/store"
 )
 
-// E2B compatibility (docs/e2b.md, ../shared/e2b-compat.md): the REST
+// E2B compatibility (docs/e2b.md): the REST
 // control API of E2B under its own paths, and envd requests routed by the
 // E2b-Sandbox-Id header (or a <port>-<id>.<domain> host name, or a signed
 // /files URL) to the sandbox's agent, which is envd-compatible.
@@ -235,7 +235,16 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var inv *sandbox.InvalidError
 		var capErr *govern.CapacityError
+		var envSecret *sandbox.EnvSecretError
+		var trip *govern.TripError
 		switch {
+		case errors.As(err, &envSecret):
+			// A server that refuses secret-looking env vars: the message
+			// names the variables (never the values) and starts with the
+			// native code, as for capacity refusals.
+			e2bError(w, http.StatusBadRequest, CodeEnvSecret+": "+envSecret.Error())
+		case errors.As(err, &trip):
+			e2bError(w, http.StatusForbidden, trip.Code+": "+trip.Msg)
 		case errors.As(err, &inv):
 			if strings.Contains(inv.Msg, "no such template") {
 				e2bError(w, http.StatusNotFound, inv.Msg)

@@ -18,7 +18,7 @@ func dr(cidr, reason string, never bool) deniedRange {
 	return deniedRange{prefix: netip.MustParsePrefix(cidr), reason: reason, never: never}
 }
 
-// deniedRanges is the always-denied set (ATTACKS.md #9, #10), after the
+// deniedRanges is the always-denied set (threat-model.md #9, #10), after the
 // IANA special-purpose registries (RFC 6890). More specific entries come
 // before the ranges that contain them, so the first match gives the most
 // precise reason. The documentation ranges (192.0.2.0/24, 198.51.100.0/24,

@@ -9,7 +9,7 @@ import (
 )
 
 // Default per-sandbox caps of the [Proxy], used for every zero (or
-// negative) field of [Limits]. They defend against ATTACKS.md #21 (a
+// negative) field of [Limits]. They defend against threat-model.md #21 (a
 // sandbox flooding the network or the shared proxy): generous for an agent
 // that installs packages and calls APIs, far below what would starve the
 // other sandboxes of the host.

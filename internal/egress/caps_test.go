@@ -98,7 +98,7 @@ func countRefused(evs []Event, reason string) int {
 	return n
 }
 
-// TestCapConnections checks the per-sandbox connection cap (ATTACKS.md
+// TestCapConnections checks the per-sandbox connection cap (threat-model.md
 // #21) in both modes: with MaxConns 1, a second connection while the first
 // is open is refused with reason "cap: connections" (403 in explicit mode,
 // a reset for a redirected connection), and once the first is closed a new
@@ -170,7 +170,7 @@ func waitUsage(t *testing.T, p *Proxy, id string, conns int) {
 	}
 }
 
-// TestCapRequestsPerMinute checks the request-rate cap (ATTACKS.md #21):
+// TestCapRequestsPerMinute checks the request-rate cap (threat-model.md #21):
 // with 2 requests per minute the third request within the minute is
 // refused with "cap: requests per minute", redirected connections count
 // too, and a minute later requests pass again. The clock is simulated.
@@ -213,7 +213,7 @@ func TestCapRequestsPerMinute(t *testing.T) {
 	e.checkNoViolations(t)
 }
 
-// TestCapBytes checks the lifetime byte cap (ATTACKS.md #21): a response
+// TestCapBytes checks the lifetime byte cap (threat-model.md #21): a response
 // that crosses the cap is cut mid-stream (the client never gets a complete
 // body, and exactly MaxBytes are charged) and recorded as "cap: bytes";
 // every later attempt is refused with the same reason. Tunnels and raw

@@ -71,7 +71,7 @@ type DNSFilterConfig struct {
 	Summary *Summarizer
 }
 
-// DNSFilter is the DNS server a sandbox is given (ATTACKS.md #8). It
+// DNSFilter is the DNS server a sandbox is given (threat-model.md #8). It
 // answers only names the sandbox's [Policy] allows and never forwards
 // anything else upstream. For each query, in order:
 //

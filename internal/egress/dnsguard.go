@@ -26,7 +26,7 @@ const (
 )
 
 // ExfilSuspect reports whether a DNS query name looks like data smuggled out
-// through DNS (ATTACKS.md #8), and why. The DNS filter refuses such names
+// through DNS (threat-model.md #8), and why. The DNS filter refuses such names
 // even if the policy would allow them (a "*.example.com" pattern otherwise
 // lets arbitrary subdomain labels through). It flags:
 //

@@ -9,7 +9,7 @@ import (
 )
 
 // TestExfilSuspectOrdinary: names package managers, clouds and APIs really
-// use must pass the DNS-exfiltration heuristics (ATTACKS #8).
+// use must pass the DNS-exfiltration heuristics (threat-model.md #8).
 func TestExfilSuspectOrdinary(t *testing.T) {
 	for _, n := range []string{
 		"files.pythonhosted.org",
@@ -98,7 +98,7 @@ func exfilNames() []string {
 }
 
 // TestExfilSuspectExfil: encoded, long and deep names used for DNS
-// exfiltration and tunnels are flagged (ATTACKS #8).
+// exfiltration and tunnels are flagged (threat-model.md #8).
 func TestExfilSuspectExfil(t *testing.T) {
 	names := []string{
 		"aGVsbG8gd29ybGQgdGhpcyBpcyBzZWNyZXQ.attacker.test",

@@ -37,7 +37,7 @@ type EnvFinding struct {
 }
 
 // ScanEnv returns the env vars that look like secrets passed into a
-// sandbox (ATTACKS.md #20): a value shaped like a well-known credential, a
+// sandbox (threat-model.md #20): a value shaped like a well-known credential, a
 // long high-entropy value, or a credential-like name (*_KEY, *_TOKEN,
 // *_SECRET, *PASSWORD*) with a non-trivial value. Placeholders of brokered
 // secrets ("CORRAL_SECRET_...") are not findings. Results are sorted by name.

@@ -9,7 +9,7 @@
 // The proxy and the DNS filter serve connections they are handed; the
 // listeners and the host plumbing that routes sandbox traffic to them live
 // in packages gateway and netns. They apply the policy
-// (ATTACKS.md #8, #9, #10, #20):
+// (threat-model.md #8, #9, #10, #20):
 //
 //   - the DNS filter answers a query only if [Policy.AllowsName] accepts the
 //     name, [ExfilSuspect] does not flag it and the sandbox's query rate

@@ -185,7 +185,7 @@ func TestAllowsName(t *testing.T) {
 	}
 }
 
-// TestAllowsAddr (ATTACKS #9, #10): the dial-time check refuses loopback,
+// TestAllowsAddr (threat-model.md #9, #10): the dial-time check refuses loopback,
 // link-local, metadata, private, CGNAT and other special ranges, in every
 // IPv6 embedding, whatever the policy; only an explicit, equally narrow
 // CIDR rule opens a private range, and nothing opens loopback, link-local,
@@ -347,7 +347,7 @@ func TestAlwaysDenied(t *testing.T) {
 	}
 }
 
-// TestAttack09MetadataNeverAllowed (ATTACKS #9): no policy, however broad,
+// TestAttack09MetadataNeverAllowed (threat-model.md #9): no policy, however broad,
 // lets a sandbox dial a cloud metadata endpoint, named or not, in any form.
 func TestAttack09MetadataNeverAllowed(t *testing.T) {
 	policies := []Policy{
@@ -366,7 +366,7 @@ func TestAttack09MetadataNeverAllowed(t *testing.T) {
 	}
 }
 
-// TestAttack10Rebinding (ATTACKS #10): the check is on the dialed address,
+// TestAttack10Rebinding (threat-model.md #10): the check is on the dialed address,
 // so an allowed name whose answer changes from public to loopback or
 // private is refused at the second dial.
 func TestAttack10Rebinding(t *testing.T) {

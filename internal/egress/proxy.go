@@ -167,7 +167,7 @@ type Event struct {
 
 // Proxy is corral's per-host egress proxy, shared by all sandboxes, which
 // it tells apart by the client's source address ([ProxyConfig.Client]).
-// It defends against ATTACKS.md #9, #10, #20 and #21:
+// It defends against threat-model.md #9, #10, #20 and #21:
 //
 //   - explicit mode ([Proxy.Server], [Proxy.ServeHTTP]): absolute-form
 //     "http://" requests and CONNECT tunnels;
@@ -429,7 +429,7 @@ func (p *Proxy) plan(ctx context.Context, cl Client, host string, port uint16) (
 		return nil, "", &refusal{http.StatusForbidden, why}
 	}
 	// The name itself can carry data out through the upstream resolver
-	// (ATTACKS.md #8): judge it as the DNS filter does, before resolving.
+	// (threat-model.md #8): judge it as the DNS filter does, before resolving.
 	if bad, reason := ExfilSuspect(normalizeHost(host)); bad {
 		return nil, "", &refusal{http.StatusForbidden, "exfiltration-shaped name: " + reason}
 	}
@@ -462,7 +462,7 @@ func (p *Proxy) plan(ctx context.Context, cl Client, host string, port uint16) (
 // never resolved again here: the addresses are the ones checked. In
 // addition, the control hook below re-checks the policy on the address the
 // socket is actually about to connect to, just before connect(2). That is
-// the last line against DNS rebinding (ATTACKS.md #10): an attacker's name
+// the last line against DNS rebinding (threat-model.md #10): an attacker's name
 // that resolves to a public address when checked and to 127.0.0.1 or
 // 169.254.169.254 when dialed cannot pass, whatever path (a future caller
 // that dials by name, a transport that re-resolves, a bug in the pinning)

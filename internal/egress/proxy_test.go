@@ -404,7 +404,7 @@ func waitEvents(t *testing.T, events func() []Event, n int) []Event {
 	}
 }
 
-// TestProxyEgress checks the explicit-mode proxy end to end (ATTACKS.md #9,
+// TestProxyEgress checks the explicit-mode proxy end to end (threat-model.md #9,
 // #10): allowed names reach a real upstream over plain HTTP and CONNECT,
 // while unlisted names, names resolving to private, loopback or metadata
 // addresses, IP literals of the host, and every request under mode none are
@@ -529,7 +529,7 @@ func TestProxyEgress(t *testing.T) {
 	e.checkNoViolations(t)
 }
 
-// TestProxyDNSRebinding checks ATTACKS.md #10: a name that resolves to a
+// TestProxyDNSRebinding checks threat-model.md #10: a name that resolves to a
 // public address and then to 127.0.0.1. The proxy resolves once per attempt
 // and dials exactly the addresses it checked, so the first request reaches
 // the public upstream and the second, rebound, is refused before any dial;
@@ -564,7 +564,7 @@ func TestProxyDNSRebinding(t *testing.T) {
 }
 
 // TestProxyDialTimeCheck checks the dial-time control hook on its own
-// (ATTACKS.md #10): even when a loopback or metadata address reaches the
+// (threat-model.md #10): even when a loopback or metadata address reaches the
 // dialer, as it would if a name were re-resolved between the check and the
 // dial, the connect is refused before a packet is sent, and the host's
 // loopback listener accepts nothing.

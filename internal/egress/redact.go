@@ -17,7 +17,7 @@ import (
 const MinSecretLen = 8
 
 // Redactor removes registered secret values from text. It defends against
-// ATTACKS.md #20 (secrets readable by the agent or an operator): a brokered
+// threat-model.md #20 (secrets readable by the agent or an operator): a brokered
 // secret must never appear in logs, audit events or API responses, so every
 // log line (through [NewSlogHandler]) and every stored event passes through
 // Redact before it is written.
@@ -275,7 +275,7 @@ func (r *Redactor) RedactBytes(b []byte) []byte {
 	return []byte(r.Redact(s))
 }
 
-// NewSlogHandler wraps next so that secrets never reach it (ATTACKS.md
+// NewSlogHandler wraps next so that secrets never reach it (threat-model.md
 // #20): the message, every attribute key and every attribute value are
 // redacted with r before next sees them. String values are redacted
 // directly; groups are walked recursively; LogValuer values are resolved

@@ -129,7 +129,7 @@ type valuer struct{ v string }
 
 func (v valuer) LogValue() slog.Value { return slog.StringValue(v.v) }
 
-// TestSlogHandler (ATTACKS #20): a secret passed to a logger in any
+// TestSlogHandler (threat-model.md #20): a secret passed to a logger in any
 // position never reaches the output, for both text and JSON handlers.
 func TestSlogHandler(t *testing.T) {
 	secret := "sk-live-0123456789abcdef"

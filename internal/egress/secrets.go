@@ -14,7 +14,7 @@ import (
 const PlaceholderPrefix = "CORRAL_SECRET_"
 
 // Secret is a credential the operator registered; the sandbox only sees its
-// placeholder (ATTACKS.md #20: secrets never enter the sandbox).
+// placeholder (threat-model.md #20: secrets never enter the sandbox).
 //
 // The proxy swaps the placeholder for the value on the way out, and only
 // there: for a request to a host matching one of Hosts, in the header named

@@ -85,7 +85,7 @@ func TestSecretValidate(t *testing.T) {
 }
 
 // TestSecretNotPrinted checks that formatting or logging a Secret, or a
-// Client holding one, never shows the value (ATTACKS.md #20).
+// Client holding one, never shows the value (threat-model.md #20).
 func TestSecretNotPrinted(t *testing.T) {
 	s := testSecret()
 	cl := Client{ID: "sb", Secrets: []Secret{s}}
@@ -302,7 +302,7 @@ func (e *egressEnv) checkInjected(t *testing.T, path string, injected, wantTLS b
 	}
 }
 
-// TestInjectPlainHTTP checks secret injection (ATTACKS.md #20) for plain
+// TestInjectPlainHTTP checks secret injection (threat-model.md #20) for plain
 // HTTP, explicit and redirected, of a secret the operator allowed over
 // plain HTTP: the value replaces the placeholder in the secret's header
 // for a listed host only; other hosts, other headers, the query, the body
@@ -448,7 +448,7 @@ func (e *egressEnv) interceptProxy(t *testing.T, cfg ProxyConfig, secrets ...Sec
 }
 
 // TestInterceptExplicit checks secret injection into HTTPS through CONNECT
-// (ATTACKS.md #20): with a CA, a CONNECT to a host the sandbox has a secret
+// (threat-model.md #20): with a CA, a CONNECT to a host the sandbox has a secret
 // for is terminated with a leaf of the CA, the request inside gets the
 // value, and goes on over TLS to the real upstream (verified with
 // UpstreamRoots); a CONNECT to another host is a plain tunnel to the real
@@ -564,7 +564,7 @@ func TestInterceptWithoutCA(t *testing.T) {
 	e.checkInjected(t, "/noca", false, true)
 }
 
-// TestSecretValueNeverLeaks checks ATTACKS.md #20 on the proxy's own
+// TestSecretValueNeverLeaks checks threat-model.md #20 on the proxy's own
 // output: during injecting requests (explicit HTTP, intercepted HTTPS,
 // redirected HTTP) and failing ones (an upstream port that refuses), the
 // secret's value appears in no log line (captured without redaction), no

@@ -45,7 +45,7 @@ const (
 
 // CA is the installation's TLS interception authority: the proxy
 // terminates TLS with a leaf it mints for the requested name, so that it
-// can inject secrets into HTTPS requests (ATTACKS.md #20). Sandboxes trust
+// can inject secrets into HTTPS requests (threat-model.md #20). Sandboxes trust
 // [CA.CertPEM]; nothing else should.
 //
 // The CA certificate carries a critical name constraint excluding every IP

@@ -102,7 +102,7 @@ func sendHTTP(t *testing.T, c net.Conn, br *bufio.Reader, host, path string, hdr
 	return resp.StatusCode, string(body), resp.Header
 }
 
-// TestTransparentHTTP checks redirected plain HTTP (ATTACKS.md #9, #10):
+// TestTransparentHTTP checks redirected plain HTTP (threat-model.md #9, #10):
 // the proxy takes the name from the Host header, checks it and every
 // resolved address, and dials the name itself, never the original
 // destination; refusals are a 403 with "corral egress: refused: <reason>"
@@ -208,7 +208,7 @@ func TestTransparentHTTPKeepAlive(t *testing.T) {
 	e.checkNoViolations(t)
 }
 
-// TestTransparentTLS checks redirected TLS (ATTACKS.md #9, #10): the SNI
+// TestTransparentTLS checks redirected TLS (threat-model.md #9, #10): the SNI
 // is the name checked and dialed (at name:orig.Port, never orig's
 // address), the ClientHello is replayed so that the client completes its
 // handshake with the real upstream; an unlisted SNI or one resolving to a
@@ -292,7 +292,7 @@ func TestTransparentTLS(t *testing.T) {
 }
 
 // TestTransparentRaw checks redirected TCP that is neither HTTP nor TLS
-// with a name (ATTACKS.md #9, #10): it reaches the original destination
+// with a name (threat-model.md #9, #10): it reaches the original destination
 // only when a CIDR rule (or all-public) allows that address; otherwise,
 // and always for loopback and metadata addresses, the connection is reset
 // at once.

@@ -16,7 +16,7 @@ import (
 	"github.com/corralhq/corral/internal/template"
 )
 
-// TestMemoryBomb (ATTACKS #2): a process that allocates without bound is
+// TestMemoryBomb (threat-model.md #2): a process that allocates without bound is
 // killed at the sandbox's memory limit; the command reports end reason
 // "oom" and the sandbox keeps answering.
 func TestMemoryBomb(t *testing.T) { eachRuntime(t, testMemoryBomb) }
@@ -53,7 +53,7 @@ func testMemoryBomb(t *testing.T, rt string) {
 	}
 }
 
-// TestForkBomb (ATTACKS #1): a fork bomb hits the pids limit (fork fails
+// TestForkBomb (threat-model.md #1): a fork bomb hits the pids limit (fork fails
 // with EAGAIN inside) while the host keeps spawning processes.
 func TestForkBomb(t *testing.T) { eachRuntime(t, testForkBomb) }
 
@@ -113,7 +113,7 @@ func testForkBomb(t *testing.T, rt string) {
 	}
 }
 
-// TestDiskFill (ATTACKS #3): writing past the disk cap fails with ENOSPC
+// TestDiskFill (threat-model.md #3): writing past the disk cap fails with ENOSPC
 // inside the sandbox and nothing reaches the host or the template.
 func TestDiskFill(t *testing.T) { eachRuntime(t, testDiskFill) }
 
@@ -172,7 +172,7 @@ func testCommandTimeout(t *testing.T, rt string) {
 	}
 }
 
-// TestKillIsTotal (ATTACKS #14, #15): a process that ignores SIGTERM,
+// TestKillIsTotal (threat-model.md #14, #15): a process that ignores SIGTERM,
 // calls setsid and double-forks is gone after kill, and so is everything
 // else the sandbox held on the host.
 func TestKillIsTotal(t *testing.T) { eachRuntime(t, testKillIsTotal) }
@@ -269,7 +269,7 @@ func testNoNetwork(t *testing.T, rt string) {
 	}
 }
 
-// TestHardening (ATTACKS #4, #5, #7, #17, #18, #19): seccomp is on, user
+// TestHardening (threat-model.md #4, #5, #7, #17, #18, #19): seccomp is on, user
 // code has no capabilities, root lacks NET_RAW and cannot write sysrq,
 // mount or create user namespaces; every command leads its own session
 // without a controlling terminal (no TIOCSTI into another terminal) and
@@ -323,7 +323,7 @@ except OSError as e:
 	}
 }
 
-// TestZombiesReaped (ATTACKS #13): the agent, as PID 1, reaps orphans.
+// TestZombiesReaped (threat-model.md #13): the agent, as PID 1, reaps orphans.
 func TestZombiesReaped(t *testing.T) { eachRuntime(t, testZombiesReaped) }
 
 func testZombiesReaped(t *testing.T, rt string) {
@@ -338,7 +338,7 @@ func testZombiesReaped(t *testing.T, rt string) {
 	}
 }
 
-// TestOutputBounded (ATTACKS #16): a flood of output returns only the
+// TestOutputBounded (threat-model.md #16): a flood of output returns only the
 // configured tail with the full byte count and truncated=true.
 func TestOutputBounded(t *testing.T) { eachRuntime(t, testOutputBounded) }
 

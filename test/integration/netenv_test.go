@@ -658,7 +658,7 @@ func newFakeDNS(t *testing.T, up, private netip.Addr) *fakeDNS {
 
 // ServeDNS answers A queries for the test names; AAAA gets no records.
 // A name rebind-*.test rebinds: its first A query gets the upstream's
-// address, every later one 127.0.0.1 (ATTACKS.md #10).
+// address, every later one 127.0.0.1 (threat-model.md #10).
 func (d *fakeDNS) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	m := new(dns.Msg)
 	m.SetReply(r)

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -26,7 +27,7 @@ import (
 )
 
 // TestNetwork is the end-to-end battery of corral's network boundary
-// (DESIGN.md "Network is default-deny", ATTACKS.md #8, #10, #20, #21):
+// (docs/network.md, docs/threat-model.md #8, #10, #20, #21):
 // real servers, real runc sandboxes, real veth pairs and nftables rules,
 // and an upstream in a network namespace this test creates on a
 // documentation address (see netenv_test.go). The subtests share one
@@ -224,7 +225,7 @@ func testNetRefusedDomain(t *testing.T, fx *netFixture) {
 	}
 }
 
-// testNetPrivateAddresses proves ATTACKS.md #10 end to end: names the
+// testNetPrivateAddresses proves threat-model.md #10 end to end: names the
 // policy allows but that resolve to a private (RFC 1918) or a loopback
 // address are refused in every mode with an "always denied" reason naming
 // the address, and the proxy never connects there: a canary listening on
@@ -339,7 +340,7 @@ n = struct.unpack('>H', data[6:8])[0]
 print(data[3] & 0xF, n, socket.inet_ntoa(data[-4:]) if n else '-')
 `
 
-// testNetDNS proves ATTACKS.md #8: the only resolver a sandbox reaches is
+// testNetDNS proves threat-model.md #8: the only resolver a sandbox reaches is
 // corral's filter, and it answers only allowed names. getent resolves
 // allowed.test and a plain name under the allowed *.exfil.test to the
 // upstream; other.test and an unlisted name fail (NXDOMAIN); names under
@@ -692,7 +693,7 @@ func testNetRuntimePolicyChange(t *testing.T, fx *netFixture) {
 	}
 }
 
-// testNetSecretInjection proves ATTACKS.md #20: a brokered secret never
+// testNetSecretInjection proves threat-model.md #20: a brokered secret never
 // enters the sandbox yet is usable. The sandbox sees only the placeholder
 // CORRAL_SECRET_gh; the proxy puts the real value in the Authorization
 // header of requests to secret.test over HTTPS (through CONNECT and
@@ -910,7 +911,7 @@ func testNetSecretInjection(t *testing.T, fx *netFixture) {
 			t.Fatalf("env: has %s=%s %v; contains the secret value %v", placeholder, placeholder,
 				strings.Contains(env.Stdout, placeholder+"="+placeholder+"\n"), strings.Contains(env.Stdout, value))
 		}
-		// PID 1 is corral's agent, which is not dumpable (ATTACKS.md #6):
+		// PID 1 is corral's agent, which is not dumpable (threat-model.md #6):
 		// even sandbox root cannot read its environ. Either way the value
 		// must not be there.
 		if res := runIn(t, sb, "sudo -n cat /proc/1/environ"); strings.Contains(res.Stdout, value) || res.ExitCode != 0 && !strings.Contains(res.Stderr, "Permission denied") {
@@ -1028,7 +1029,7 @@ for s in held:
     print('HELD:' + data.split(b'\r\n')[0].decode(), flush=True)
 `
 
-// testNetCaps proves ATTACKS.md #21's per-sandbox egress caps on a server
+// testNetCaps proves threat-model.md #21's per-sandbox egress caps on a server
 // configured with MaxConns 2 and MaxBytes 256 KiB: with two connections
 // held open through the proxy, a third is reset and recorded with reason
 // "cap: connections" while the two complete normally, and the slots come
@@ -1265,13 +1266,14 @@ func testNetHostPlumbing(t *testing.T, fx *netFixture) {
 	}
 }
 
-// testNetEnvSecretWarning proves the env-var side of ATTACKS.md #20: a
+// testNetEnvSecretWarning proves the env-var side of threat-model.md #20: a
 // GitHub-token-shaped value passed as env var GITHUB_TOKEN is accepted
 // with a warning that names the variable but never the value, recorded as
 // a sandbox.warning audit event (the value in neither the audit log nor
 // the server log); a server configured with RefuseEnvSecrets refuses the
-// same request with error code env_secret_refused, without echoing the
-// value and without creating a sandbox.
+// same request with error code env_secret_refused, on the native and the
+// E2B API (400, not 500), without echoing the value and without creating
+// a sandbox.
 func testNetEnvSecretWarning(t *testing.T, fx *netFixture) {
 	ctx := context.Background()
 	token := "ghp_" + randAlnum(t, 36)
@@ -1319,6 +1321,20 @@ func testNetEnvSecretWarning(t *testing.T, fx *netFixture) {
 	}
 	if !strings.Contains(ae.Message, "GITHUB_TOKEN") || strings.Contains(ae.Message, token) {
 		t.Fatalf("refusal message %q: want it to name GITHUB_TOKEN and not contain the value", ae.Message)
+	}
+	// The E2B API refuses the same create with 400 and the code, not 500.
+	body, _ := json.Marshal(map[string]any{"templateID": "base", "envVars": map[string]string{"GITHUB_TOKEN": token}, "metadata": map[string]string{"test": tag}})
+	req, _ := http.NewRequest(http.MethodPost, caps.ts.URL+"/sandboxes", bytes.NewReader(body))
+	req.Header.Set("X-API-Key", caps.ts.Key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(eb), "env_secret_refused") || !strings.Contains(string(eb), "GITHUB_TOKEN") || strings.Contains(string(eb), token) {
+		t.Fatalf("E2B create on a RefuseEnvSecrets server: %d %s; want 400 naming env_secret_refused and GITHUB_TOKEN, without the value", resp.StatusCode, eb)
 	}
 	if list, err := caps.c.List(ctx, corral.ListOptions{State: "all", Metadata: map[string]string{"test": tag}}); err != nil || len(list) != 0 {
 		t.Fatalf("sandboxes after the refusal: %d %v; want none", len(list), err)

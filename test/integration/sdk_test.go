@@ -223,7 +223,7 @@ func TestSDKFiles(t *testing.T) {
 	}
 }
 
-// TestFileAPITraversal (ATTACKS #11): paths with ../ and symlinks that
+// TestFileAPITraversal (threat-model.md #11): paths with ../ and symlinks that
 // point out of the sandbox resolve inside the sandbox, never on the host.
 func TestFileAPITraversal(t *testing.T) {
 	sb := sdkSandbox(t, corral.CreateOptions{})

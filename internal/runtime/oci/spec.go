@@ -32,7 +32,7 @@ var capabilities = []string{
 }
 
 // maskedPaths and readonlyPaths are runc's defaults: kernel interfaces
-// that leak host data or change the host (ATTACKS.md #4).
+// that leak host data or change the host (threat-model.md #4).
 var maskedPaths = []string{
 	"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
 	"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
