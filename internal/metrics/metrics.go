@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/store"
 )
 
@@ -70,6 +71,10 @@ type Metrics struct {
 	reg    *prometheus.Registry
 	events *prometheus.CounterVec
 	create *prometheus.HistogramVec
+	// summarised counts the egress refusals that were only counted in an
+	// egress.summary event, by mode, so that a refusal-rate alert sees a
+	// flood whose events were summarised.
+	summarised *prometheus.CounterVec
 
 	mu     sync.Mutex
 	series map[[2]string]bool // (kind, outcome) pairs seen; guarded by mu
@@ -89,9 +94,13 @@ func New(cfg Config) *Metrics {
 			Help:    "Time from admission to a started sandbox, by source (template, snapshot, pool).",
 			Buckets: []float64{.005, .01, .025, .05, .1, .15, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"source"}),
+		summarised: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_egress_refusals_summarised_total",
+			Help: "Egress refusals counted in egress.summary events instead of recorded one by one, by mode (explicit, transparent, raw, dns).",
+		}, []string{"mode"}),
 		series: map[[2]string]bool{},
 	}
-	m.reg.MustRegister(m.events, m.create, &gauges{cfg: cfg},
+	m.reg.MustRegister(m.events, m.create, m.summarised, &gauges{cfg: cfg},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -128,6 +137,32 @@ func (m *Metrics) Event(ev *store.Event) {
 		}
 	}
 	m.events.WithLabelValues(m.bound(ev.Kind, outcome)).Inc()
+	if ev.Kind == "egress.summary" {
+		m.countSummarised(ev)
+	}
+}
+
+// summaryModes are the modes an egress.summary event counts refusals by
+// (egress.Event.Mode); any other key is counted as "other".
+var summaryModes = map[string]bool{egress.EventExplicit: true, egress.EventTransparent: true, egress.EventRaw: true, egress.EventDNS: true}
+
+// countSummarised adds the refusals an egress.summary event only counted.
+func (m *Metrics) countSummarised(ev *store.Event) {
+	var data struct {
+		ByMode map[string]int `json:"by_mode"`
+	}
+	if json.Unmarshal(ev.Data, &data) != nil {
+		return
+	}
+	for mode, n := range data.ByMode {
+		if n <= 0 {
+			continue
+		}
+		if !summaryModes[mode] {
+			mode = "other"
+		}
+		m.summarised.WithLabelValues(mode).Add(float64(n))
+	}
 }
 
 // bound returns the label values to count (kind, outcome) under: as given

@@ -167,3 +167,36 @@ func TestGaugesAndHandler(t *testing.T) {
 		})
 	}
 }
+
+// TestSummarisedRefusalsCounted checks that refusals an egress.summary
+// event only counted reach the metrics: without it a refusal-rate alert
+// undercounts exactly during a flood (the summariser records the first
+// refusals of a window one by one and only counts the rest).
+func TestSummarisedRefusalsCounted(t *testing.T) {
+	m := New(Config{})
+	for _, e := range []*store.Event{
+		ev("egress.summary", `{"recorded":60,"suppressed":99940,"by_mode":{"dns":99900,"explicit":40}}`),
+		ev("egress.summary", `{"recorded":60,"suppressed":5,"by_mode":{"dns":3,"bogus-mode":2,"raw":-1}}`),
+		ev("egress.summary", `not json`),
+	} {
+		m.Event(e)
+	}
+	tests := []struct {
+		mode string
+		want float64
+	}{
+		{"dns", 99903},
+		{"explicit", 40},
+		{"other", 2},
+		{"raw", 0},
+		{"transparent", 0},
+	}
+	for _, tc := range tests {
+		if got := testutil.ToFloat64(m.summarised.WithLabelValues(tc.mode)); got != tc.want {
+			t.Errorf("summarised{%s} = %v, want %v", tc.mode, got, tc.want)
+		}
+	}
+	if got := testutil.ToFloat64(m.events.WithLabelValues("egress.summary", "")); got != 3 {
+		t.Errorf("events{egress.summary} = %v, want 3", got)
+	}
+}
