@@ -31,7 +31,11 @@ func (m *Manager) Targets() []watchdog.Target {
 
 // OnWatchdogEvent records a watchdog event in the audit log.
 func (m *Manager) OnWatchdogEvent(ev watchdog.Event) {
-	m.audit(ev.Sandbox, ev.Kind, map[string]any{"value": ev.Value, "limit": ev.Limit, "message": ev.Message})
+	data := map[string]any{"value": ev.Value, "limit": ev.Limit, "message": ev.Message}
+	if ev.Kind == watchdog.KindCPURunaway {
+		data["demand"] = ev.Demand
+	}
+	m.audit(ev.Sandbox, ev.Kind, data)
 	m.log.Warn("watchdog", "sandbox", ev.Sandbox, "kind", ev.Kind, "message", ev.Message)
 }
 

@@ -177,6 +177,9 @@ type Event struct {
 	// cpu_runaway the quota in percent of one core; for oom the memory
 	// limit in bytes, 0 if none).
 	Limit float64
+	// Demand is, for cpu_runaway, the sandbox's CPU demand in percent of
+	// one core (CPU used plus time runnable but waiting); 0 otherwise.
+	Demand float64
 	// Message describes the event for people.
 	Message string
 }
@@ -561,6 +564,7 @@ func (w *Watchdog) runaway(t Target, st *sandboxState, s, prev Sample, hasPrev b
 		Kind:    KindCPURunaway,
 		Value:   s.CPUPercent,
 		Limit:   t.CPULimit * 100,
+		Demand:  s.DemandPercent,
 		Message: fmt.Sprintf("CPU-bound for %s with a %.2g-core quota (now using %.0f%% of one core, demanding %.0f%%)",
 			span.Round(time.Millisecond), t.CPULimit, s.CPUPercent, s.DemandPercent),
 	}, true

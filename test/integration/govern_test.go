@@ -628,8 +628,10 @@ func TestWatchdog(t *testing.T) {
 		if ev == nil {
 			t.Fatalf("no watchdog.cpu_runaway event:\n%s", eventKinds(evs))
 		}
-		var d struct{ Value, Limit float64 }
-		if err := json.Unmarshal(ev.Data, &d); err != nil || d.Limit != 50 || d.Value < 45 {
+		// At its quota (value near 50) or, on a busy host, starved below
+		// it while demanding a whole core (demand near 100).
+		var d struct{ Value, Limit, Demand float64 }
+		if err := json.Unmarshal(ev.Data, &d); err != nil || d.Limit != 50 || (d.Value < 45 && d.Demand < 90) {
 			t.Fatalf("watchdog.cpu_runaway data %s %v", ev.Data, err)
 		}
 	})
