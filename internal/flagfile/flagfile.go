@@ -54,14 +54,15 @@ func (s Sources) Apply(fs *pflag.FlagSet) error {
 	set := map[string]bool{} // flags given on the command line or the environment
 	fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
 	for _, e := range s.Env {
-		if fs.Lookup(e.Flag) == nil {
+		f := fs.Lookup(e.Flag)
+		if f == nil {
 			return fmt.Errorf("environment %s: no flag --%s", e.Var, e.Flag)
 		}
 		v := getenv(e.Var)
 		if v == "" || set[e.Flag] {
 			continue
 		}
-		if err := fs.Set(e.Flag, v); err != nil {
+		if err := setFlag(f, v); err != nil {
 			return fmt.Errorf("environment %s=%q (--%s): %w", e.Var, v, e.Flag, err)
 		}
 		set[e.Flag] = true
@@ -118,11 +119,20 @@ func applyFile(fs *pflag.FlagSet, path, fileFlag string, skip map[string]bool) e
 			errs = append(errs, fmt.Errorf("config file %s: %s: %w", path, k, err))
 			continue
 		}
-		if err := fs.Set(k, v); err != nil {
+		if err := setFlag(fs.Lookup(k), v); err != nil {
 			errs = append(errs, fmt.Errorf("config file %s: %s = %q: %w", path, k, v, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// setFlag sets f as the command line would, marking it changed.
+func setFlag(f *pflag.Flag, v string) error {
+	if err := f.Value.Set(v); err != nil {
+		return err
+	}
+	f.Changed = true
+	return nil
 }
 
 // text is a TOML value as the command line would spell it. Only strings,
