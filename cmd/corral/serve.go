@@ -1,79 +1,145 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/corralhq/corral/internal/api"
+	"github.com/corralhq/corral/internal/audit"
+	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/flagfile"
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/idrange"
+	"github.com/corralhq/corral/internal/netns"
+	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/server"
+	"github.com/corralhq/corral/internal/template"
+	"github.com/corralhq/corral/internal/watchdog"
 )
+
+// serveEnv are the environment variables `corral serve` reads, each for
+// one flag the command line did not set (docs/configuration.md).
+var serveEnv = []flagfile.EnvVar{
+	{Var: "CORRAL_CONFIG", Flag: "config"},
+	{Var: "CORRAL_LISTEN", Flag: "listen"},
+	{Var: "CORRAL_DATA", Flag: "data"},
+	{Var: template.CacheEnv, Flag: "template-cache"},
+	{Var: "CORRAL_LOG_LEVEL", Flag: "log-level"},
+}
+
+// serveOptions are the settings of `corral serve`.
+type serveOptions struct {
+	cfg server.Config
+	// config is the configuration file (--config).
+	config string
+	// logLevel is the server log's level (--log-level).
+	logLevel slog.Level
+}
+
+// serveSources fill o's flag set from the environment and the --config
+// file.
+func serveSources(getenv func(string) string) flagfile.Sources {
+	return flagfile.Sources{Env: serveEnv, Getenv: getenv, FileFlag: "config"}
+}
+
+// load applies the environment and the configuration file to the flags
+// fs left unset, then checks the configuration.
+func (o *serveOptions) load(fs *pflag.FlagSet, getenv func(string) string) error {
+	if err := serveSources(getenv).Apply(fs); err != nil {
+		return err
+	}
+	return o.cfg.Validate()
+}
 
 // newServeCmd is `corral serve`: the control plane.
 func newServeCmd() *cobra.Command {
-	var cfg server.Config
+	var o serveOptions
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the corral server (needs root)",
 		Long: `Run the corral control plane. On first start it creates DATA/admin.key
 (mode 0600) and builds the base template (cached by content under
-/var/cache/corral/templates), then serves the REST API on --listen.`,
+/var/cache/corral/templates), then serves the REST API on --listen.
+
+Every flag is also a key of the --config file (TOML; the key is the
+flag's name without the leading "--": max-sandboxes = 20). The command line wins over the
+environment (CORRAL_CONFIG, CORRAL_LISTEN, CORRAL_DATA,
+CORRAL_TEMPLATE_CACHE, CORRAL_LOG_LEVEL), which wins over the file.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.load(cmd.Flags(), os.Getenv); err != nil {
+				return usageError(cmd, "%v", err)
+			}
+			o.cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: o.logLevel}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			cfg.Progress = os.Stderr
-			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
-			return server.Run(ctx, cfg)
+			o.cfg.Progress = os.Stderr
+			return server.Run(ctx, o.cfg)
 		},
 	}
-	f := cmd.Flags()
+	cmd.Flags().AddFlagSet(serveFlags(&o))
+	return cmd
+}
+
+// serveFlags is the table of `corral serve`'s settings: each flag's name
+// (also its config-file key), its default (a named constant of the
+// package that applies it, the same constant that package falls back to
+// for a zero value) and where it is stored. The help text, the config file
+// keys and docs/configuration.md (TestConfigurationDocs) all come from it.
+func serveFlags(o *serveOptions) *pflag.FlagSet {
+	cfg := &o.cfg
+	f := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	f.StringVar(&o.config, "config", "", "TOML file of settings: keys are these flags' names (max-sandboxes = 20); flags and environment variables override it")
+	f.Var(logLevelFlag{&o.logLevel}, "log-level", "least severe messages logged: debug, info, warn or error")
 	f.StringVar(&cfg.Listen, "listen", server.DefaultListen, "HOST:PORT to serve the API on")
-	f.StringVar(&cfg.DataDir, "data", envOr("CORRAL_DATA", server.DefaultDataDir), "data directory (database, admin key, sandbox state)")
-	f.StringVar(&cfg.TemplateCache, "template-cache", "", "template build cache (default /var/cache/corral/templates or $CORRAL_TEMPLATE_CACHE)")
-	f.IntVar(&cfg.MaxOutput, "max-output", 1<<20, "bytes of stdout and of stderr an exec call returns (the tail is kept)")
-	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", 10, "maximum number of running sandboxes (global admission limit)")
-	f.IntVar(&cfg.Admission.MaxPerAgent, "max-per-agent", 0, "running sandboxes per named agent (default 5; sandboxes without an agent count only globally)")
-	f.Float64Var(&cfg.Admission.AgentRate, "agent-rate", 0, "sandbox creates per second per named agent (token bucket; default 1)")
-	f.IntVar(&cfg.Admission.AgentBurst, "agent-burst", 0, "burst of creates per named agent (default 5)")
-	f.DurationVar(&cfg.Admission.QueueTimeout, "queue-timeout", 0, "how long a create may wait for a free slot before capacity_exceeded (default 0: fail at once)")
-	f.Int64Var(&cfg.Budgets.MaxCalls, "task-max-calls", 0, "default tool-call budget of a task (default 30)")
-	f.DurationVar(&cfg.Budgets.MaxDuration, "task-max-duration", 0, "default wall-time budget of a task (default 1h)")
-	f.Int64Var(&cfg.Budgets.MaxTokens, "task-max-tokens", 0, "default token budget of a task (default 2000000)")
-	f.Int64Var(&cfg.Budgets.MaxSandboxes, "task-max-sandboxes", 0, "default limit of a task's sandboxes at once (default 5)")
-	f.Float64Var(&cfg.Budgets.MaxCPUSeconds, "task-max-cpu", 0, "default CPU-seconds budget of a task (default 3600)")
-	f.IntVar(&cfg.Loop.Window, "loop-window", 0, "tool calls the loop detector looks back over (default 10)")
-	f.IntVar(&cfg.Loop.WarnAt, "loop-warn", 0, "near-identical calls in the window that give loop_suspected (default 4)")
-	f.Float64Var(&cfg.Loop.TripAt, "loop-trip", 0, "weighted repeat score that opens the breaker with loop_detected (default 8; a repeat counts 1, 2 when it failed with the same exit code)")
-	f.DurationVar(&cfg.Watchdog.CPURunawayFor, "cpu-runaway-for", 0, "CPU-bound this long (90% of its quota used, or demanded while waiting for a CPU) kills the sandbox as cpu_runaway (default 30s; negative disables)")
-	f.StringVar(&cfg.RunawayAction, "cpu-runaway-action", "sandbox", "what the CPU-runaway rule kills: sandbox or command (its running commands; the sandbox lives on)")
-	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "end sandboxes with no command for this long (default 0: never)")
-	f.DurationVar(&cfg.KillGrace, "kill-grace", 3*time.Second, "time between SIGTERM and SIGKILL when a sandbox is killed (0..1m)")
-	f.DurationVar(&cfg.DeathCheckInterval, "death-check-interval", time.Second, "how often running sandboxes are checked for a dead init, ended with reason error or oom (0..1m)")
+	f.StringVar(&cfg.DataDir, "data", server.DefaultDataDir, "data directory (database, admin key, sandbox state)")
+	f.StringVar(&cfg.TemplateCache, "template-cache", template.DefaultCache, "template build cache")
+	f.IntVar(&cfg.MaxOutput, "max-output", api.DefaultMaxOutput, "bytes of stdout and of stderr an exec call returns (the tail is kept)")
+	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", govern.DefaultMaxConcurrent, "maximum number of running sandboxes (global admission limit)")
+	f.IntVar(&cfg.Admission.MaxPerAgent, "max-per-agent", govern.DefaultMaxPerAgent, "running sandboxes per named agent (sandboxes without an agent count only globally)")
+	f.Float64Var(&cfg.Admission.AgentRate, "agent-rate", govern.DefaultAgentRate, "sandbox creates per second per named agent (token bucket)")
+	f.IntVar(&cfg.Admission.AgentBurst, "agent-burst", govern.DefaultAgentBurst, "burst of creates per named agent")
+	f.DurationVar(&cfg.Admission.QueueTimeout, "queue-timeout", 0, "how long a create may wait for a free slot before capacity_exceeded (0: fail at once)")
+	f.Int64Var(&cfg.Budgets.MaxCalls, "task-max-calls", govern.DefaultMaxCalls, "default tool-call budget of a task")
+	f.DurationVar(&cfg.Budgets.MaxDuration, "task-max-duration", govern.DefaultMaxDuration, "default wall-time budget of a task")
+	f.Int64Var(&cfg.Budgets.MaxTokens, "task-max-tokens", govern.DefaultMaxTokens, "default token budget of a task")
+	f.Int64Var(&cfg.Budgets.MaxSandboxes, "task-max-sandboxes", govern.DefaultMaxSandboxes, "default limit of a task's sandboxes at once")
+	f.Float64Var(&cfg.Budgets.MaxCPUSeconds, "task-max-cpu", govern.DefaultMaxCPUSeconds, "default CPU-seconds budget of a task")
+	f.IntVar(&cfg.Loop.Window, "loop-window", govern.DefaultLoopWindow, "tool calls the loop detector looks back over")
+	f.IntVar(&cfg.Loop.WarnAt, "loop-warn", govern.DefaultLoopWarnAt, "near-identical calls in the window that give loop_suspected")
+	f.Float64Var(&cfg.Loop.TripAt, "loop-trip", govern.DefaultLoopTripAt, "weighted repeat score that opens the breaker with loop_detected (a repeat counts 1, 2 when it failed with the same exit code)")
+	f.DurationVar(&cfg.Watchdog.CPURunawayFor, "cpu-runaway-for", watchdog.DefaultCPURunawayFor, "CPU-bound this long (90% of its quota used, or demanded while waiting for a CPU) kills the sandbox as cpu_runaway (negative disables)")
+	f.StringVar(&cfg.RunawayAction, "cpu-runaway-action", sandbox.RunawayKillSandbox, "what the CPU-runaway rule kills: sandbox or command (its running commands; the sandbox lives on)")
+	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "end sandboxes with no command for this long (0: never)")
+	f.DurationVar(&cfg.KillGrace, "kill-grace", sandbox.DefaultKillGrace, "time between SIGTERM and SIGKILL when a sandbox is killed (0.."+server.MaxKillGrace.String()+")")
+	f.DurationVar(&cfg.DeathCheckInterval, "death-check-interval", sandbox.DefaultWatchInterval, "how often running sandboxes are checked for a dead init, ended with reason error or oom (0.."+server.MaxDeathCheckInterval.String()+")")
 	f.BoolVar(&cfg.KillOnShutdown, "kill-on-shutdown", false, "kill all sandboxes when the server stops (default: keep them; the next start adopts them)")
-	f.Var(prefixFlag{&cfg.NetworkRange}, "sandbox-net", "IPv4 range for sandbox veth pairs, a /28 or larger (default 10.201.0.0/16)")
+	cfg.NetworkRange = netns.DefaultRange
+	f.Var(prefixFlag{&cfg.NetworkRange}, "sandbox-net", fmt.Sprintf("IPv4 range for sandbox veth pairs, a /%d or larger", netns.MaxRangeBits))
 	f.BoolVar(&cfg.NoNetwork, "no-network", false, "run without the network gateway: sandboxes can only have --net none")
 	f.StringVar(&cfg.EgressResolver, "egress-resolver", "", "DNS server HOST:PORT for names sandboxes may reach (default: the host's resolver)")
 	f.StringVar(&cfg.EgressUpstreamCA, "egress-upstream-ca", "", "PEM file of CAs to trust for upstream TLS when injecting secrets (default: the system's)")
-	f.IntVar(&cfg.EgressLimits.MaxConns, "egress-max-conns", 0, "concurrent egress connections per sandbox (default 64)")
-	f.Int64Var(&cfg.EgressLimits.MaxBytes, "egress-max-bytes", 0, "egress bytes up+down per sandbox over its life (default 1 GiB)")
-	f.IntVar(&cfg.EgressLimits.RequestsPerMinute, "egress-rpm", 0, "egress requests/connections per minute per sandbox (default 600)")
-	f.IntVar(&cfg.RefusalEvents, "egress-refusal-events", 0, "egress refusals per sandbox and interval recorded one by one; the rest are counted in one egress.summary event (default 60; negative: none)")
-	f.DurationVar(&cfg.RefusalInterval, "egress-refusal-interval", 0, "the interval of --egress-refusal-events (default 1m)")
-	f.DurationVar(&cfg.AuditRetention.MaxAge, "audit-max-age", 0, "delete audit events and ended command records older than this (default 720h = 30 days; negative: keep)")
-	f.Int64Var(&cfg.AuditRetention.MaxEvents, "audit-max-events", 0, "most audit events kept, oldest deleted first (default 1000000; negative: no limit)")
-	f.Int64Var(&cfg.AuditRetention.MaxCommands, "audit-max-commands", 0, "most command records kept, oldest deleted first (default 1000000; negative: no limit)")
+	f.IntVar(&cfg.EgressLimits.MaxConns, "egress-max-conns", egress.DefaultMaxConns, "concurrent egress connections per sandbox")
+	f.Int64Var(&cfg.EgressLimits.MaxBytes, "egress-max-bytes", egress.DefaultMaxBytes, "egress bytes up+down per sandbox over its life")
+	f.IntVar(&cfg.EgressLimits.RequestsPerMinute, "egress-rpm", egress.DefaultRequestsPerMinute, "egress requests/connections per minute per sandbox")
+	f.IntVar(&cfg.RefusalEvents, "egress-refusal-events", egress.DefaultSummaryAfter, "egress refusals per sandbox and interval recorded one by one; the rest are counted in one egress.summary event (negative: none)")
+	f.DurationVar(&cfg.RefusalInterval, "egress-refusal-interval", egress.DefaultSummaryInterval, "the interval of --egress-refusal-events")
+	f.DurationVar(&cfg.AuditRetention.MaxAge, "audit-max-age", audit.DefaultMaxAge, "delete audit events and ended command records older than this (negative: keep)")
+	f.Int64Var(&cfg.AuditRetention.MaxEvents, "audit-max-events", audit.DefaultMaxEvents, "most audit events kept, oldest deleted first (negative: no limit)")
+	f.Int64Var(&cfg.AuditRetention.MaxCommands, "audit-max-commands", audit.DefaultMaxCommands, "most command records kept, oldest deleted first (negative: no limit)")
 	f.StringVar(&cfg.AuditRetention.ArchiveDir, "audit-archive", "", "directory that receives audit events before retention deletes them, as gzip JSON Lines (default DATA/audit-archive)")
 	f.BoolVar(&cfg.NoAuditArchive, "no-audit-archive", false, "delete audit events past the retention without archiving them")
-	f.DurationVar(&cfg.AuditRetention.Interval, "audit-prune-interval", 0, "time between retention runs; the first runs at start (default 1h)")
-	f.StringVar(&cfg.E2BInternet, "e2b-internet", "none", "network mode of E2B sandboxes created with internet access and no allowOut: none or all-public")
+	f.DurationVar(&cfg.AuditRetention.Interval, "audit-prune-interval", audit.DefaultPruneInterval, "time between retention runs; the first runs at start")
+	f.StringVar(&cfg.E2BInternet, "e2b-internet", server.DefaultE2BInternet, "network mode of E2B sandboxes created with internet access and no allowOut: none or all-public")
 	f.DurationVar(&cfg.HTTPHeaderTimeout, "http-header-timeout", server.DefaultHTTPHeaderTimeout, "time a client has to send a request's headers")
 	f.DurationVar(&cfg.HTTPIdleTimeout, "http-idle-timeout", server.DefaultHTTPIdleTimeout, "keep-alive connections idle this long between requests are closed")
 	f.DurationVar(&cfg.HTTPStallTimeout, "http-stall-timeout", api.DefaultStallTimeout, "one read of a request body or one write of a response blocked this long cuts the connection (streams that keep moving are never cut)")
@@ -82,8 +148,29 @@ func newServeCmd() *cobra.Command {
 	f.Var(idRangeFlag{&cfg.IDRange}, "uid-range", "host uid/gid range sandboxes map to, BASE[:65536]; must not overlap /etc/subuid, /etc/subgid or a user or group (default: the data dir's, else corral's entry in /etc/subuid, else a free one from 1073741824 up, recorded there)")
 	f.Var(idFilesFlag{&cfg.IDFiles}, "id-files", "read subuid, subgid, passwd and group from DIR instead of /etc (for tests)")
 	_ = f.MarkHidden("id-files")
-	return cmd
+	return f
 }
+
+// logLevelFlag is a --log-level flag: debug, info, warn or error.
+type logLevelFlag struct{ l *slog.Level }
+
+func (f logLevelFlag) String() string {
+	if f.l == nil {
+		return ""
+	}
+	return strings.ToLower(f.l.String())
+}
+
+func (f logLevelFlag) Set(s string) error {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return fmt.Errorf("use debug, info, warn or error")
+	}
+	*f.l = l
+	return nil
+}
+
+func (f logLevelFlag) Type() string { return "level" }
 
 // idRangeFlag is a --uid-range BASE[:COUNT] flag.
 type idRangeFlag struct{ r *idrange.Range }
@@ -143,10 +230,3 @@ func (f prefixFlag) Set(s string) error {
 }
 
 func (f prefixFlag) Type() string { return "cidr" }
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}

@@ -32,7 +32,7 @@ into the data dir's uid range (chosen and recorded as corral serve does;
 see --uid-range).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			data := firstNonEmpty(g.dataDir, os.Getenv("CORRAL_DATA"), "/var/lib/corral")
+			data := firstNonEmpty(g.dataDir, os.Getenv("CORRAL_DATA"), server.DefaultDataDir)
 			if err := os.MkdirAll(data, 0o711); err != nil {
 				return err
 			}

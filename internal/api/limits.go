@@ -19,6 +19,9 @@ const (
 	// DefaultMaxStreamsPerKey is how many streams one credential may hold
 	// open at once.
 	DefaultMaxStreamsPerKey = 256
+	// DefaultMaxOutput is how many trailing bytes of stdout and of stderr
+	// an exec call returns (1 MiB each).
+	DefaultMaxOutput = 1 << 20
 )
 
 // CodeTooManyStreams: the credential holds its maximum of open streams.

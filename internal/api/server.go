@@ -70,7 +70,7 @@ type Server struct {
 // New returns a Server.
 func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *Server {
 	if cfg.MaxOutput <= 0 {
-		cfg.MaxOutput = 1 << 20
+		cfg.MaxOutput = DefaultMaxOutput
 	}
 	if cfg.StallTimeout == 0 {
 		cfg.StallTimeout = DefaultStallTimeout

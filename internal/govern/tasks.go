@@ -38,8 +38,18 @@ type Defaults struct {
 	MaxCPUSeconds float64       // 3600
 }
 
+// The default budgets of a task, of a server that configures none.
+const (
+	DefaultMaxCalls      = 30
+	DefaultMaxDuration   = time.Hour
+	DefaultMaxTokens     = 2_000_000
+	DefaultMaxSandboxes  = 5
+	DefaultMaxCPUSeconds = 3600.0
+)
+
 // DefaultBudgets are the defaults of a server that configures none.
-var DefaultBudgets = Defaults{MaxCalls: 30, MaxDuration: time.Hour, MaxTokens: 2_000_000, MaxSandboxes: 5, MaxCPUSeconds: 3600}
+var DefaultBudgets = Defaults{MaxCalls: DefaultMaxCalls, MaxDuration: DefaultMaxDuration, MaxTokens: DefaultMaxTokens,
+	MaxSandboxes: DefaultMaxSandboxes, MaxCPUSeconds: DefaultMaxCPUSeconds}
 
 // Hard ceilings on budgets a caller may ask for.
 const (

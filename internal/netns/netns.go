@@ -45,6 +45,18 @@ import (
 // reserved (its first address is the DNS server named in resolv.conf).
 var DefaultRange = netip.MustParsePrefix("10.201.0.0/16")
 
+// MaxRangeBits is the longest prefix a range may have: a /28 holds the
+// reserved /30 and three sandboxes.
+const MaxRangeBits = 28
+
+// CheckRange refuses a veth range that is not IPv4 or smaller than a /28.
+func CheckRange(p netip.Prefix) error {
+	if !p.IsValid() || !p.Addr().Is4() || p.Bits() > MaxRangeBits {
+		return fmt.Errorf("range %s: need an IPv4 prefix of /%d or larger", p, MaxRangeBits)
+	}
+	return nil
+}
+
 // SandboxIfName is the name of the sandbox's interface inside its namespace.
 const SandboxIfName = "eth0"
 
@@ -100,8 +112,8 @@ func New(cfg Config) (*Manager, error) {
 		cfg.Range = DefaultRange
 	}
 	cfg.Range = cfg.Range.Masked()
-	if !cfg.Range.Addr().Is4() || cfg.Range.Bits() > 28 {
-		return nil, fmt.Errorf("netns: range %s: need an IPv4 prefix of /28 or larger", cfg.Range)
+	if err := CheckRange(cfg.Range); err != nil {
+		return nil, fmt.Errorf("netns: %w", err)
 	}
 	if len(cfg.Instance) == 0 || len(cfg.Instance) > 5 || strings.Trim(cfg.Instance, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
 		return nil, fmt.Errorf("netns: instance %q: need 1 to 5 characters of [a-z0-9]", cfg.Instance)

@@ -130,6 +130,15 @@ type Config struct {
 	IDBase uint32
 }
 
+// Defaults of [Config] (docs/configuration.md).
+const (
+	// DefaultKillGrace is the time between SIGTERM and SIGKILL on kill.
+	DefaultKillGrace = 3 * time.Second
+	// DefaultWatchInterval is how often running sandboxes are checked for
+	// a dead init.
+	DefaultWatchInterval = time.Second
+)
+
 func (c *Config) setDefaults() {
 	if c.DefaultTemplate == "" {
 		c.DefaultTemplate = "base"
@@ -138,13 +147,13 @@ func (c *Config) setDefaults() {
 		c.DefaultTTL = 300 * time.Second
 	}
 	if c.KillGrace == 0 {
-		c.KillGrace = 3 * time.Second
+		c.KillGrace = DefaultKillGrace
 	}
 	if c.Admission == nil {
 		c.Admission = govern.NewAdmission(govern.AdmissionConfig{})
 	}
 	if c.WatchInterval == 0 {
-		c.WatchInterval = time.Second
+		c.WatchInterval = DefaultWatchInterval
 	}
 }
 

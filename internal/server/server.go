@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -30,6 +31,7 @@ import (
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/metrics"
+	"github.com/corralhq/corral/internal/netns"
 	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
@@ -155,8 +157,80 @@ const (
 	maxHeaderBytes = 64 << 10
 )
 
-// Validate fills defaults and checks the configuration.
+// DefaultE2BInternet is the network mode of an E2B sandbox created with
+// internet access and no allowOut list (Config.E2BInternet).
+const DefaultE2BInternet = "none"
+
+// Bounds [Config.Validate] holds settings to (docs/configuration.md).
+const (
+	// MaxKillGrace bounds KillGrace (--kill-grace).
+	MaxKillGrace = time.Minute
+	// MaxDeathCheckInterval bounds DeathCheckInterval
+	// (--death-check-interval).
+	MaxDeathCheckInterval = time.Minute
+)
+
+// Validate fills defaults and checks the configuration. Each refusal
+// names the setting as its `corral serve` flag (and config-file key), the
+// value and the allowed range; all refusals are returned together and
+// nothing is filled in when there is one.
 func (c *Config) Validate() error {
+	errs := []error{
+		nonNegative("max-output", c.MaxOutput),
+		nonNegative("max-sandboxes", c.MaxSandboxes),
+		nonNegative("max-per-agent", c.Admission.MaxPerAgent),
+		nonNegative("agent-rate", c.Admission.AgentRate),
+		nonNegative("agent-burst", c.Admission.AgentBurst),
+		nonNegative("queue-timeout", c.Admission.QueueTimeout),
+		within("task-max-calls", c.Budgets.MaxCalls, 0, govern.MaxCallsCeiling),
+		within("task-max-duration", c.Budgets.MaxDuration, 0, govern.MaxDurationCeiling),
+		within("task-max-tokens", c.Budgets.MaxTokens, 0, govern.MaxTokensCeiling),
+		within("task-max-sandboxes", c.Budgets.MaxSandboxes, 0, govern.MaxSandboxesCeiling),
+		within("task-max-cpu", c.Budgets.MaxCPUSeconds, 0, govern.MaxCPUSecondsCeiling),
+		within("loop-window", c.Loop.Window, 0, govern.MaxLoopWindow),
+		nonNegative("loop-warn", c.Loop.WarnAt),
+		nonNegative("loop-trip", c.Loop.TripAt),
+		nonNegative("idle-timeout", c.IdleTimeout),
+		within("kill-grace", c.KillGrace, 0, MaxKillGrace),
+		within("death-check-interval", c.DeathCheckInterval, 0, MaxDeathCheckInterval),
+		nonNegative("egress-max-conns", c.EgressLimits.MaxConns),
+		nonNegative("egress-max-bytes", c.EgressLimits.MaxBytes),
+		nonNegative("egress-rpm", c.EgressLimits.RequestsPerMinute),
+		nonNegative("egress-refusal-interval", c.RefusalInterval),
+		nonNegative("audit-prune-interval", c.AuditRetention.Interval),
+		nonNegative("http-header-timeout", c.HTTPHeaderTimeout),
+		nonNegative("http-idle-timeout", c.HTTPIdleTimeout),
+		nonNegative("http-stall-timeout", c.HTTPStallTimeout),
+		nonNegative("max-streams-per-key", c.MaxStreamsPerKey),
+	}
+	switch c.RunawayAction {
+	case "", sandbox.RunawayKillSandbox, sandbox.RunawayKillCommands:
+	default:
+		errs = append(errs, fmt.Errorf("cpu-runaway-action %q: use %s or %s", c.RunawayAction, sandbox.RunawayKillSandbox, sandbox.RunawayKillCommands))
+	}
+	switch c.E2BInternet {
+	case "", "none", "all-public":
+	default:
+		errs = append(errs, fmt.Errorf("e2b-internet %q: use none or all-public", c.E2BInternet))
+	}
+	if c.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+			errs = append(errs, fmt.Errorf("listen %q: %w", c.Listen, err))
+		}
+	}
+	if c.EgressResolver != "" {
+		if _, _, err := net.SplitHostPort(c.EgressResolver); err != nil {
+			errs = append(errs, fmt.Errorf("egress-resolver %q: %w", c.EgressResolver, err))
+		}
+	}
+	if c.NetworkRange.IsValid() {
+		if err := netns.CheckRange(c.NetworkRange); err != nil {
+			errs = append(errs, fmt.Errorf("sandbox-net: %w", err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
@@ -166,40 +240,44 @@ func (c *Config) Validate() error {
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
-	if c.HTTPHeaderTimeout < 0 || c.HTTPIdleTimeout < 0 || c.HTTPStallTimeout < 0 || c.MaxStreamsPerKey < 0 {
-		return errors.New("the HTTP timeouts and max-streams-per-key must not be negative")
-	}
 	if c.HTTPHeaderTimeout == 0 {
 		c.HTTPHeaderTimeout = DefaultHTTPHeaderTimeout
 	}
 	if c.HTTPIdleTimeout == 0 {
 		c.HTTPIdleTimeout = DefaultHTTPIdleTimeout
 	}
-	switch c.RunawayAction {
-	case "", "sandbox", "command":
-	default:
-		return fmt.Errorf("cpu-runaway-action %q: use sandbox or command", c.RunawayAction)
-	}
-	switch c.E2BInternet {
-	case "", "none", "all-public":
-	default:
-		return fmt.Errorf("e2b-internet %q: use none or all-public", c.E2BInternet)
-	}
-	if c.MaxOutput < 0 || c.MaxSandboxes < 0 || c.KillGrace < 0 || c.KillGrace > time.Minute || c.DeathCheckInterval < 0 || c.DeathCheckInterval > time.Minute {
-		return errors.New("max-output and max-sandboxes must not be negative; kill-grace and the death-check interval must be 0..1m")
-	}
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		return fmt.Errorf("listen address %q: %w", c.Listen, err)
-	}
 	abs, err := filepath.Abs(c.DataDir)
 	if err != nil {
-		return err
+		return fmt.Errorf("data %q: %w", c.DataDir, err)
 	}
 	c.DataDir = abs
 	if c.NoAuditArchive {
 		c.AuditRetention.ArchiveDir = ""
 	} else if c.AuditRetention.ArchiveDir == "" {
 		c.AuditRetention.ArchiveDir = filepath.Join(c.DataDir, "audit-archive")
+	}
+	return nil
+}
+
+// number is a setting's numeric type.
+type number interface {
+	~int | ~int64 | ~float64
+}
+
+// nonNegative refuses a negative (or not finite) value of setting key.
+func nonNegative[T number](key string, v T) error {
+	if f := float64(v); math.IsInf(f, 0) {
+		return fmt.Errorf("%s %v: must be a finite number", key, v)
+	} else if !(f >= 0) {
+		return fmt.Errorf("%s %v: must not be negative", key, v)
+	}
+	return nil
+}
+
+// within refuses a value of setting key outside lo..hi (or not a number).
+func within[T number](key string, v, lo, hi T) error {
+	if !(v >= lo && v <= hi) {
+		return fmt.Errorf("%s %v: must be %v..%v", key, v, lo, hi)
 	}
 	return nil
 }

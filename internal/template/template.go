@@ -43,16 +43,22 @@ const (
 	RootFSDir = "rootfs"
 )
 
-// cacheEnv names the environment variable that overrides DefaultCacheDir.
-const cacheEnv = "CORRAL_TEMPLATE_CACHE"
+// The template build cache's location.
+const (
+	// CacheEnv names the environment variable that overrides
+	// DefaultCache.
+	CacheEnv = "CORRAL_TEMPLATE_CACHE"
+	// DefaultCache is where built templates are cached.
+	DefaultCache = "/var/cache/corral/templates"
+)
 
 // DefaultCacheDir returns the directory where built templates are cached:
-// $CORRAL_TEMPLATE_CACHE if set, else /var/cache/corral/templates.
+// $CORRAL_TEMPLATE_CACHE if set, else [DefaultCache].
 func DefaultCacheDir() string {
-	if d := os.Getenv(cacheEnv); d != "" {
+	if d := os.Getenv(CacheEnv); d != "" {
 		return d
 	}
-	return "/var/cache/corral/templates"
+	return DefaultCache
 }
 
 // ErrNotFound is returned (wrapped) when a template name is not registered.
