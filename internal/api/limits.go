@@ -21,9 +21,6 @@ const (
 	DefaultMaxStreamsPerKey = 256
 )
 
-// CodeTooManyStreams: the credential holds its maximum of open streams.
-const CodeTooManyStreams = "too_many_streams"
-
 // streamRetryAfter is the Retry-After of a too_many_streams refusal: when
 // a stream ends cannot be known, so this is an estimate.
 const streamRetryAfter = "1"
