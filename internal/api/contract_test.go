@@ -1,11 +1,17 @@
 package api
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -13,6 +19,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -388,6 +395,118 @@ func TestErrorCodesOneSource(t *testing.T) {
 	for _, c := range answered {
 		if !regexp.MustCompile("(?m)^\\| [0-9]{3} \\| `" + regexp.QuoteMeta(c) + "` \\|").Match(doc) {
 			t.Errorf("docs/api.md's error table has no row for %q", c)
+		}
+	}
+}
+
+// requestPairs pairs the native API's named request types with the SDK
+// calls that send them. Each call gets fully filled options (see filled);
+// send may make several calls where options exclude each other.
+var requestPairs = []struct {
+	name string
+	api  any // pointer to the type the handler decodes
+	send func(ctx context.Context, c *corral.Client)
+}{
+	{"create", new(sandbox.CreateRequest), func(ctx context.Context, c *corral.Client) {
+		c.Create(ctx, *filled(new(corral.CreateOptions)).(*corral.CreateOptions))
+	}},
+	{"exec", new(execRequest), func(ctx context.Context, c *corral.Client) {
+		req := *filled(new(corral.ExecRequest)).(*corral.ExecRequest)
+		argv, shell := req, req
+		argv.Command, shell.Cmd = "", nil
+		c.Exec(ctx, "sbx", argv)
+		c.Exec(ctx, "sbx", shell)
+	}},
+	{"network", new(sandbox.NetworkRequest), func(ctx context.Context, c *corral.Client) {
+		c.SetNetwork(ctx, "sbx", "allow", []string{"example.com"})
+	}},
+	{"task", new(govern.TaskRequest), func(ctx context.Context, c *corral.Client) {
+		o := *filled(new(corral.TaskOptions)).(*corral.TaskOptions)
+		o.MaxDuration = 7 * time.Second
+		c.CreateTask(ctx, o)
+	}},
+	{"task change", new(govern.BudgetChange), func(ctx context.Context, c *corral.Client) {
+		c.ChangeTask(ctx, "task", *filled(new(corral.TaskChange)).(*corral.TaskChange))
+	}},
+	{"template build", new(sandbox.TemplateSpec), func(ctx context.Context, c *corral.Client) {
+		c.BuildTemplate(ctx, *filled(new(corral.TemplateSpec)).(*corral.TemplateSpec), nil)
+	}},
+}
+
+// requestAllow lists the request fields of the API that the SDK cannot
+// send, keyed "pair: path", each with its reason. An entry that matches no
+// difference fails the test.
+var requestAllow = map[string]string{}
+
+// TestRequestContract is the other half of the contract (issue 11): each
+// SDK call in requestPairs sends its request, fully filled, to a server
+// that records the body; the body must decode into the type the API's
+// handler decodes, with unknown fields refused as the handler refuses them
+// (an SDK field the API lacks is a 400 invalid_json for every SDK user);
+// and every field of the API's type must be one the SDK sends, unless
+// requestAllow says why not.
+func TestRequestContract(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []json.RawMessage
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, b)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{}`))
+	}))
+	defer srv.Close()
+	c := corral.New(srv.URL, "key")
+	used := map[string]bool{}
+	for _, p := range requestPairs {
+		t.Run(p.name, func(t *testing.T) {
+			mu.Lock()
+			bodies = nil
+			mu.Unlock()
+			p.send(t.Context(), c)
+			mu.Lock()
+			got := bodies
+			mu.Unlock()
+			if len(got) == 0 {
+				t.Fatal("the SDK call sent no request")
+			}
+			sent := map[string]string{}
+			for _, b := range got {
+				dec := json.NewDecoder(bytes.NewReader(b))
+				dec.DisallowUnknownFields()
+				v := reflect.New(reflect.TypeOf(p.api).Elem()).Interface()
+				if err := dec.Decode(v); err != nil {
+					t.Errorf("the API's %T refuses the SDK's request: %v\nJSON: %s", p.api, err, b)
+				}
+				maps.Copy(sent, shapeOf(t, b))
+			}
+			apiShape := shapeOf(t, mustMarshal(t, filled(p.api)))
+			var diffs []string
+			for path, kind := range apiShape {
+				key := p.name + ": " + path
+				if k, ok := sent[path]; ok {
+					if k != kind {
+						diffs = append(diffs, fmt.Sprintf("%s: the API takes %s, the SDK sends %s", path, kind, k))
+					}
+					continue
+				}
+				if _, allowed := requestAllow[key]; allowed {
+					used[key] = true
+					continue
+				}
+				diffs = append(diffs, fmt.Sprintf("the SDK cannot send %s (%s) of the API's %T\x00%s", path, kind, p.api, path))
+			}
+			diffs = dropNested(diffs)
+			sort.Strings(diffs)
+			for _, d := range diffs {
+				t.Error(d)
+			}
+		})
+	}
+	for key := range requestAllow {
+		if !used[key] {
+			t.Errorf("requestAllow entry %q matches no difference; remove it", key)
 		}
 	}
 }
