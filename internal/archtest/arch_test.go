@@ -322,3 +322,75 @@ func testOnlyPackages(t *testing.T) []string {
 	})
 	return out
 }
+
+// mdRef matches a file name ending in .md in a comment or a link.
+var (
+	mdRef   = regexp.MustCompile(`[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.md\b`)
+	mdLink  = regexp.MustCompile(`\]\(([^)#\s]+\.md)`)
+	protoCm = regexp.MustCompile(`//.*`)
+)
+
+// TestDocReferences checks that every .md file the code's comments (Go and
+// .proto) and the docs' links cite is a file of the repository: a citation
+// of a note that lives outside it (a design draft, a protocol dump) leaves
+// the reader with a dead end. Bare names resolve against the citing file's
+// directory, the module root and docs/.
+func TestDocReferences(t *testing.T) {
+	root := moduleRoot(t)
+	exists := func(from, ref string) bool {
+		for _, dir := range []string{filepath.Dir(from), root, filepath.Join(root, "docs")} {
+			if _, err := os.Stat(filepath.Join(dir, ref)); err == nil {
+				return true
+			}
+		}
+		return false
+	}
+	check := func(file string, refs []string) {
+		for _, ref := range refs {
+			if !exists(file, ref) {
+				r, _ := filepath.Rel(root, file)
+				t.Errorf("%s cites %s, which is no file of the repository; cite a document under docs/ (write what the code relies on there)", r, ref)
+			}
+		}
+	}
+	filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); n == "node_modules" || n == "testdata" || strings.HasPrefix(n, ".") && path != root {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch {
+		case strings.HasSuffix(path, ".go"):
+			af, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ParseComments)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, cg := range af.Comments {
+				check(path, mdRef.FindAllString(cg.Text(), -1))
+			}
+		case strings.HasSuffix(path, ".proto"):
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range protoCm.FindAllString(string(b), -1) {
+				check(path, mdRef.FindAllString(c, -1))
+			}
+		case strings.HasSuffix(path, ".md"):
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range mdLink.FindAllStringSubmatch(string(b), -1) {
+				if !strings.Contains(m[1], "://") {
+					check(path, []string{m[1]})
+				}
+			}
+		}
+		return nil
+	})
+}
