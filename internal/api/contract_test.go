@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -52,14 +53,15 @@ var wirePairs = []struct {
 	{"volume", new(volumeView), new(corral.Volume)},
 }
 
-// noSDKView lists the native API's views that the Go SDK does not decode,
-// each with the reason. The contract test checks that they are views of
-// the API (so that the list stays true when a view is renamed).
+// noSDKView lists the native API's views that have no exported SDK type,
+// each with the reason (and, where the SDK decodes them inside a call,
+// the test that checks that call).
 var noSDKView = map[any]string{
 	new(commandView):        "GET /v1/sandboxes/{id}/commands is for the CLI and operators; the SDK has no call for it",
 	new(sampleView):         "GET /v1/sandboxes/{id}/metrics is for the CLI and operators; the SDK has no call for it",
 	new(runtime.Process):    "GET /v1/sandboxes/{id}/processes is for the CLI; the SDK lists processes through the agent (ProcessInfo)",
 	new(template.LayerInfo): "image_layers of /inspect: the SDK's InspectTemplate returns the template's own layers only",
+	new(forkView):           "decoded inside Client.Fork, which returns the sandboxes and a *ForkError; TestForkPartialFailureReachesSDK",
 }
 
 // wireAllow is the short list of deliberate differences between an API
@@ -150,7 +152,7 @@ func TestWireContractCoversEveryView(t *testing.T) {
 	// response object; listing them here by hand keeps the check honest
 	// without parsing the package's source.
 	views := []any{sandboxView{}, commandView{}, networkView{}, usageView{}, secretView{}, poolView{},
-		snapshotView{}, taskView{}, templateView{}, importView{}, volumeView{}, sampleView{}}
+		snapshotView{}, taskView{}, templateView{}, importView{}, volumeView{}, sampleView{}, forkView{}}
 	for _, v := range views {
 		typ := reflect.TypeOf(v)
 		if typ == reflect.TypeOf(usageView{}) {
@@ -508,5 +510,31 @@ func TestRequestContract(t *testing.T) {
 		if !used[key] {
 			t.Errorf("requestAllow entry %q matches no difference; remove it", key)
 		}
+	}
+}
+
+// TestForkPartialFailureReachesSDK: a fork of which only some copies
+// start answers 201 with the started sandboxes and an "error" (the
+// fork's partial failure). The SDK used to drop "error" and return the
+// started sandboxes with a nil error, so a caller asking for two copies
+// got one and no word of why. It must return the started sandboxes and a
+// *corral.ForkError naming the count and the server's reason.
+func TestForkPartialFailureReachesSDK(t *testing.T) {
+	answer := *filled(new(forkView)).(*forkView) // one sandbox, an error
+	answer.Error = "fork 2 of 2: capacity_exceeded: too many sandboxes"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusCreated, answer)
+	}))
+	defer srv.Close()
+	sbs, err := corral.New(srv.URL, "key").Fork(t.Context(), "sbx", 2)
+	var fe *corral.ForkError
+	if !errors.As(err, &fe) {
+		t.Fatalf("Fork of a partly failed fork: err %v, want a *corral.ForkError", err)
+	}
+	if len(sbs) != 1 || sbs[0].ID != answer.Sandboxes[0].ID {
+		t.Fatalf("Fork returned %d sandboxes, want the 1 that started", len(sbs))
+	}
+	if fe.Started != 1 || fe.Requested != 2 || fe.Message != answer.Error || fe.Snapshot != answer.Snapshot.ID {
+		t.Fatalf("ForkError %+v does not carry the counts, the reason and the snapshot", fe)
 	}
 }
