@@ -66,13 +66,10 @@ func newSandboxForkCmd(g *clientGlobals) *cobra.Command {
 				return usageError(cmd, "--count must be 1..10")
 			}
 			sbs, err := c.Fork(ctx, args[0], count)
-			if err != nil {
-				return err
-			}
-			for _, sb := range sbs {
+			for _, sb := range sbs { // those that started, also when some did not
 				fmt.Println(sb.ID)
 			}
-			return nil
+			return err
 		}),
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "how many copies (1..10)")

@@ -17,7 +17,7 @@ import (
 )
 
 func TestSignatureVector(t *testing.T) {
-	// Known vector from the e2b SDK tests (e2b-compat.md §4.4).
+	// Known vector from the e2b SDK tests (docs/e2b-protocol.md §4.4).
 	got := signature("hello.txt", "read", "user", "0tQG31xiMp0IOQfaz9dcwi72L1CPo8e0", nil)
 	if want := "v1_gUtH/s9YCJWgCizjfUxuWfhFE4QSydOWEIIvfLwDr6E"; got != want {
 		t.Fatalf("signature = %s, want %s", got, want)

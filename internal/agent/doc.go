@@ -11,7 +11,7 @@
 //   - plain HTTP: GET /health, GET /files (download) and POST /files
 //     (upload),
 //
-// following the wire protocol the e2b SDK speaks (docs: e2b-compat.md §3,
+// following the wire protocol the e2b SDK speaks (docs/e2b-protocol.md §3,
 // §4). An optional access token guards everything but /health; /files also
 // accepts v1 URL signatures.
 //

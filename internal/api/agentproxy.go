@@ -190,7 +190,7 @@ func (p *processRelay) Connect(ctx context.Context, req *connect.Request[process
 // abortIfGone cuts the client's connection mid-stream, with no end-stream
 // message, when the sandbox ended under a running command: the e2b SDK
 // then probes /health, gets 502 and reports that the sandbox was killed
-// (e2b-compat.md §5). net/http aborts the response on ErrAbortHandler.
+// (docs/e2b-protocol.md §5). net/http aborts the response on ErrAbortHandler.
 func (p *processRelay) abortIfGone(ctx context.Context) {
 	id := sandboxIDFrom(ctx)
 	if p.mgr.Running(id) {

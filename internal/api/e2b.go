@@ -28,7 +28,7 @@ import (
 // /files URL) to the sandbox's agent, which is envd-compatible.
 
 // EnvdVersion is the envd version corral's agent reports; the SDK gates
-// features on it (e2b-compat.md §2.7).
+// features on it (docs/e2b-protocol.md §2.6).
 const EnvdVersion = "0.6.13"
 
 // EnvdPort is the port the SDK names in E2b-Sandbox-Port and host names.
@@ -549,7 +549,7 @@ func (s *Server) e2bList(w http.ResponseWriter, r *http.Request) {
 }
 
 // parseE2BMetadata decodes the SDK's doubly encoded metadata filter
-// (e2b-compat.md §2.6): after query decoding, unescape once more, split on
+// (docs/e2b-protocol.md §2.5): after query decoding, unescape once more, split on
 // & and =, unescape key and value again.
 func parseE2BMetadata(raw string) (map[string]string, error) {
 	out := map[string]string{}
@@ -577,7 +577,7 @@ func parseE2BMetadata(raw string) (map[string]string, error) {
 }
 
 // e2bNotFound is the proxy's answer for an unknown, ended or paused
-// sandbox: HTTP 502 with E2B's exact body (e2b-compat.md §5).
+// sandbox: HTTP 502 with E2B's exact body (docs/e2b-protocol.md §5).
 func e2bNotFound(w http.ResponseWriter, id string) {
 	writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": 502})
 }
@@ -686,7 +686,7 @@ func wellFormedSignature(sig, exp string) bool {
 	return true
 }
 
-// signTail finishes envd's v1 URL signature (e2b-compat.md §4.4),
+// signTail finishes envd's v1 URL signature (docs/e2b-protocol.md §4.4),
 // v1_ and base64(sha256("path:op:user:token[:exp]")), from the hash of its
 // prefix "path:op:user:", which it leaves unchanged.
 func signTail(prefix hash.Hash, token, exp string) string {

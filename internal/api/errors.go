@@ -11,28 +11,28 @@ import (
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	corral "github.com/corralhq/corral/sdk/go"
 )
 
-// Stable error codes of the native API (docs/api.md).
+// Stable error codes of the native API (docs/api.md). The Go SDK's
+// constants are their one definition: the SDK is the contract clients
+// compile against, so a code the server answers with is a code the SDK
+// names.
 const (
-	CodeInvalidJSON      = "invalid_json"
-	CodeInvalidArgument  = "invalid_argument"
-	CodeUnauthenticated  = "unauthenticated"
-	CodeNotFound         = "not_found"
-	CodeConflict         = "conflict"
-	CodeBodyTooLarge     = "body_too_large"
-	CodeCapacityExceeded = "capacity_exceeded"
-	CodeInternal         = "internal"
-	CodeUnavailable      = "unavailable"
-	// CodeAgentReply: the sandbox's agent answered with a reply over the
-	// control plane's bounds (sandbox.ErrAgentReply).
-	CodeAgentReply = "agent_reply_refused"
-	// CodeEnvSecret: env vars look like secrets and the server refuses them.
-	CodeEnvSecret = "env_secret_refused"
-	// CodeNetworkUnavailable: a network was asked for, the server has none.
-	CodeNetworkUnavailable = "network_unavailable"
-	// CodeVolumesUnavailable: volumes were asked for, the server has none.
-	CodeVolumesUnavailable = "volumes_unavailable"
+	CodeInvalidJSON        = corral.CodeInvalidJSON
+	CodeInvalidArgument    = corral.CodeInvalidArgument
+	CodeUnauthenticated    = corral.CodeUnauthenticated
+	CodeNotFound           = corral.CodeNotFound
+	CodeConflict           = corral.CodeConflict
+	CodeBodyTooLarge       = corral.CodeBodyTooLarge
+	CodeCapacityExceeded   = corral.CodeCapacityExceeded
+	CodeTooManyStreams     = corral.CodeTooManyStreams
+	CodeInternal           = corral.CodeInternal
+	CodeUnavailable        = corral.CodeUnavailable
+	CodeAgentReply         = corral.CodeAgentReplyRefused
+	CodeEnvSecret          = corral.CodeEnvSecretRefused
+	CodeNetworkUnavailable = corral.CodeNetworkUnavailable
+	CodeVolumesUnavailable = corral.CodeVolumesUnavailable
 )
 
 // MaxJSONBody bounds JSON request bodies.

@@ -24,9 +24,6 @@ const (
 	DefaultMaxOutput = 1 << 20
 )
 
-// CodeTooManyStreams: the credential holds its maximum of open streams.
-const CodeTooManyStreams = "too_many_streams"
-
 // streamRetryAfter is the Retry-After of a too_many_streams refusal: when
 // a stream ends cannot be known, so this is an estimate.
 const streamRetryAfter = "1"

@@ -22,6 +22,14 @@ type snapshotView struct {
 	CreatedAt string `json:"created_at"`
 }
 
+// forkView is the answer to a fork: the snapshot, the sandboxes started
+// from it and, when only some of them started, why the others did not.
+type forkView struct {
+	Snapshot  snapshotView  `json:"snapshot"`
+	Sandboxes []sandboxView `json:"sandboxes"`
+	Error     string        `json:"error,omitempty"`
+}
+
 func snapshotOut(sn *store.Snapshot) snapshotView {
 	return snapshotView{ID: sn.ID, Name: sn.Name, Sandbox: sn.SandboxID, Template: sn.Template, Parent: sn.Parent,
 		Layers: len(sn.Layers), SizeBytes: sn.SizeBytes, CreatedAt: ts(sn.CreatedAt)}
@@ -97,14 +105,12 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	out := map[string]any{"snapshot": snapshotOut(sn)}
-	views := make([]sandboxView, 0, len(sbs))
+	out := forkView{Snapshot: snapshotOut(sn), Sandboxes: make([]sandboxView, 0, len(sbs))}
 	for _, sb := range sbs {
-		views = append(views, view(sb))
+		out.Sandboxes = append(out.Sandboxes, view(sb))
 	}
-	out["sandboxes"] = views
 	if err != nil {
-		out["error"] = err.Error()
+		out.Error = err.Error()
 	}
 	writeJSON(w, http.StatusCreated, out)
 }

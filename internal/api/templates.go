@@ -29,6 +29,13 @@ type templateView struct {
 	CreatedAt string               `json:"created_at"`
 }
 
+// importView is the answer to an import: the new version and the
+// import's log.
+type importView struct {
+	Template templateView `json:"template"`
+	Log      string       `json:"log"`
+}
+
 func templateOut(t *store.TemplateVersion) templateView {
 	return templateView{Name: t.Name, Version: t.Version, Ref: t.Ref(), Digest: t.Digest, Parent: t.Parent, Source: t.Source,
 		SizeBytes: t.SizeBytes, Layers: 1 + len(t.Layers), Current: t.Current, Config: t.Config, CreatedAt: ts(t.CreatedAt)}
@@ -191,7 +198,7 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 		s.templateErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"template": templateOut(tv), "log": log.String()})
+	writeJSON(w, http.StatusCreated, importView{Template: templateOut(tv), Log: log.String()})
 }
 
 // inspectTemplate serves GET /v1/templates/{ref}/inspect?top=N: size by

@@ -43,6 +43,18 @@ const (
 	CodeLoopDetected = "loop_detected"
 	// CodeTaskEnded: the sandbox's task has ended.
 	CodeTaskEnded = "task_ended"
+	// CodeAgentReplyRefused: the sandbox's agent answered with a reply over
+	// the control plane's bounds (too large, compressed); status 502.
+	CodeAgentReplyRefused = "agent_reply_refused"
+	// CodeEnvSecretRefused: env vars of the request look like secrets and
+	// the server refuses them; status 400.
+	CodeEnvSecretRefused = "env_secret_refused"
+	// CodeNetworkUnavailable: a network was asked for and the server has
+	// none; status 503.
+	CodeNetworkUnavailable = "network_unavailable"
+	// CodeVolumesUnavailable: volumes were asked for and the server has
+	// none; status 503.
+	CodeVolumesUnavailable = "volumes_unavailable"
 )
 
 // APIError is an error reported by the corral server or by a sandbox's

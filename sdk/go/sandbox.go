@@ -66,6 +66,9 @@ type Sandbox struct {
 	EndReason string
 	// Task is the task the sandbox belongs to.
 	Task string
+	// Snapshot is the snapshot the sandbox was created from ("" for a
+	// sandbox created from a template).
+	Snapshot string
 	// Volumes are the volumes the sandbox mounts.
 	Volumes []MountedVolume
 
@@ -97,6 +100,7 @@ type sandboxWire struct {
 	EndedAt        *time.Time        `json:"ended_at"`
 	EndReason      string            `json:"end_reason"`
 	Task           string            `json:"task"`
+	Snapshot       string            `json:"snapshot"`
 	Volumes        []MountedVolume   `json:"volumes"`
 }
 
@@ -111,7 +115,7 @@ func (s *Sandbox) MarshalJSON() ([]byte, error) {
 		Resources: s.Resources, CommandTimeout: s.CommandTimeout.Seconds(), Network: s.Network,
 		Allow: orEmptyList(s.Allow), Secrets: orEmptyList(s.Secrets), Warnings: s.Warnings,
 		Metadata: md, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, EndedAt: s.EndedAt,
-		EndReason: s.EndReason, Task: s.Task, Volumes: orEmptyList(s.Volumes),
+		EndReason: s.EndReason, Task: s.Task, Snapshot: s.Snapshot, Volumes: orEmptyList(s.Volumes),
 	})
 }
 
@@ -128,7 +132,7 @@ func (s *Sandbox) UnmarshalJSON(b []byte) error {
 		Resources: w.Resources, CommandTimeout: secondsToDuration(w.CommandTimeout), Network: w.Network,
 		Allow: w.Allow, Secrets: w.Secrets, Warnings: w.Warnings,
 		Metadata: w.Metadata, CreatedAt: w.CreatedAt, ExpiresAt: w.ExpiresAt, EndedAt: w.EndedAt,
-		EndReason: w.EndReason, Task: w.Task, Volumes: w.Volumes, client: client,
+		EndReason: w.EndReason, Task: w.Task, Snapshot: w.Snapshot, Volumes: w.Volumes, client: client,
 	}
 	return nil
 }
@@ -372,6 +376,9 @@ type ExecResult struct {
 	EndReason string `json:"end_reason"`
 	// DurationMS is how long the command ran, in milliseconds.
 	DurationMS int64 `json:"duration_ms"`
+	// Warnings are the task's warnings about this call (for example a
+	// suspected loop), or nil.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Duration returns how long the command ran.

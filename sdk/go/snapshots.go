@@ -2,6 +2,7 @@ package corral
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"time"
 )
@@ -58,6 +59,10 @@ func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
 
 // Fork snapshots a sandbox and starts count copies of it (files, limits,
 // network policy, metadata, task; not processes, not create-time env).
+// When only some copies start, Fork returns those that did together with
+// a *ForkError saying why the others did not: the started ones run and
+// are the caller's to use or kill. The snapshot the fork made is listed
+// by [Client.ListSnapshots].
 func (c *Client) Fork(ctx context.Context, sandboxID string, count int) ([]*Sandbox, error) {
 	if err := checkID(sandboxID); err != nil {
 		return nil, err
@@ -66,7 +71,9 @@ func (c *Client) Fork(ctx context.Context, sandboxID string, count int) ([]*Sand
 		Count int `json:"count"`
 	}{count}
 	var out struct {
-		Sandboxes []*Sandbox `json:"sandboxes"`
+		Snapshot  SnapshotInfo `json:"snapshot"`
+		Sandboxes []*Sandbox   `json:"sandboxes"`
+		Error     string       `json:"error,omitempty"`
 	}
 	if err := c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/fork", nil, body, &out); err != nil {
 		return nil, err
@@ -74,5 +81,23 @@ func (c *Client) Fork(ctx context.Context, sandboxID string, count int) ([]*Sand
 	for _, s := range out.Sandboxes {
 		s.client = c
 	}
+	if out.Error != "" {
+		return out.Sandboxes, &ForkError{Snapshot: out.Snapshot.ID, Started: len(out.Sandboxes), Requested: count, Message: out.Error}
+	}
 	return out.Sandboxes, nil
+}
+
+// ForkError reports a fork of which only some copies started.
+type ForkError struct {
+	// Snapshot is the id of the snapshot the fork made.
+	Snapshot string
+	// Started and Requested count the copies.
+	Started, Requested int
+	// Message is the server's reason for the copies that did not start.
+	Message string
+}
+
+// Error implements error.
+func (e *ForkError) Error() string {
+	return fmt.Sprintf("corral: fork started %d of %d sandboxes: %s", e.Started, e.Requested, e.Message)
 }
