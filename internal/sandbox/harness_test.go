@@ -1,0 +1,142 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/runtime/runtimetest"
+	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
+)
+
+// harness is a Manager over a real SQLite store in a temporary directory
+// and the fake runtime driver: no root, no runc, no network.
+type harness struct {
+	t      *testing.T
+	st     *store.Store
+	d      *runtimetest.Driver
+	m      *sandbox.Manager
+	cfg    sandbox.Config
+	rootfs string
+}
+
+// templates serves the one template "base" from a temporary directory.
+type templates struct{ rootfs string }
+
+func (t templates) RootFS(name string) (string, error) {
+	if name != "base" {
+		return "", errors.New("no such template")
+	}
+	return t.rootfs, nil
+}
+
+// testConfig is a Manager configuration for unit tests: a fast death
+// check, no kill grace, snapshots in a temporary directory, no memory
+// pressure, and admission limits no test reaches unless it sets its own.
+func testConfig(t *testing.T) sandbox.Config {
+	return sandbox.Config{
+		WatchInterval:  20 * time.Millisecond,
+		KillGrace:      time.Millisecond,
+		SnapshotDir:    filepath.Join(t.TempDir(), "snapshots"),
+		MemoryPressure: func() bool { return false },
+		Admission: govern.NewAdmission(govern.AdmissionConfig{MaxConcurrent: 50, MaxPerAgent: 50,
+			AgentRate: 1000, AgentBurst: 1000}),
+	}
+}
+
+func newHarness(t *testing.T, cfg sandbox.Config) *harness {
+	t.Helper()
+	st, err := store.Open(filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, st: st, d: runtimetest.New(), cfg: cfg, rootfs: t.TempDir()}
+	h.m = h.open()
+	t.Cleanup(func() {
+		h.m.Shutdown(context.Background(), false)
+		for _, id := range h.held() {
+			_ = h.d.Stop(context.Background(), id, 0)
+		}
+		st.Close()
+	})
+	return h
+}
+
+// open makes a Manager over the harness's store and driver and
+// reconciles, as a server start does.
+func (h *harness) open() *sandbox.Manager {
+	h.t.Helper()
+	m := sandbox.New(h.cfg, h.st, h.d, templates{h.rootfs}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := m.Reconcile(context.Background()); err != nil {
+		h.t.Fatalf("reconcile: %v", err)
+	}
+	return m
+}
+
+// restart is a control-plane restart: the Manager stops (sandboxes keep
+// running) and a new one over the same store and driver reconciles.
+// Admission is fresh, as it is in a new process.
+func (h *harness) restart() {
+	h.t.Helper()
+	h.m.Shutdown(context.Background(), false)
+	h.cfg.Admission = testConfig(h.t).Admission
+	h.m = h.open()
+}
+
+func (h *harness) create(req sandbox.CreateRequest) *store.Sandbox {
+	h.t.Helper()
+	sb, err := h.m.Create(context.Background(), req)
+	if err != nil {
+		h.t.Fatalf("create %+v: %v", req, err)
+	}
+	return sb
+}
+
+func (h *harness) record(id string) *store.Sandbox {
+	h.t.Helper()
+	sb, err := h.st.GetSandbox(context.Background(), id)
+	if err != nil {
+		h.t.Fatalf("record of %s: %v", id, err)
+	}
+	return sb
+}
+
+func (h *harness) held() []string {
+	ids, _ := h.d.List(context.Background())
+	return ids
+}
+
+// waitEnded polls until the record of id has ended and returns it.
+func (h *harness) waitEnded(id string) *store.Sandbox {
+	h.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if sb := h.record(id); sb.State == store.StateEnded {
+			return sb
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.t.Fatalf("sandbox %s never ended", id)
+	return nil
+}
+
+// eventually polls cond until it holds or a generous deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func ptr[T any](v T) *T { return &v }
