@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -463,5 +464,83 @@ func TestE2BEnvdFiles(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("download with a wrong token: %d", resp.StatusCode)
+	}
+}
+
+// TestNativeExecSandboxDies: when the sandbox dies at its memory limit
+// under a running command, exec answers the command killed (137) with
+// reason oom, and the sandbox is recorded ended "oom".
+func TestNativeExecSandboxDies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 10)
+	v := e.createNative(map[string]any{})
+	done := make(chan execResp, 1)
+	go func() {
+		var r execResp
+		e.call("POST", "/v1/sandboxes/"+v.ID+"/exec", apiKey, map[string]any{"command": "sleep infinity"}, &r)
+		done <- r
+	}()
+	deadline := time.Now().Add(15 * time.Second)
+	for len(e.d.Commands(v.ID)) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.d.OOM(v.ID)
+	if r := <-done; r.ExitCode != 137 || r.EndReason != sandbox.EndOOM {
+		t.Fatalf("exec in a sandbox that died: %+v", r)
+	}
+	var sv sandboxView
+	if e.call("GET", "/v1/sandboxes/"+v.ID, apiKey, nil, &sv); sv.State != "ended" || sv.EndReason != sandbox.EndOOM {
+		t.Fatalf("record after death: %+v", sv)
+	}
+}
+
+// TestNativeAgentRoute: the native agent route relays process calls to
+// the sandbox's agent with the API key (the agent's token is added by the
+// control plane, never given by the caller).
+func TestNativeAgentRoute(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 10)
+	v := e.createNative(map[string]any{})
+	hc := &http.Client{Transport: roundTrip(func(r *http.Request) (*http.Response, error) {
+		r = r.Clone(r.Context())
+		r.Header.Set("X-API-Key", apiKey)
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	pc := processconnect.NewProcessClient(hc, e.srv.URL+"/v1/sandboxes/"+v.ID+"/agent")
+	out, end, err := envdRun(pc, "echo", "relayed")
+	if err != nil || out != "relayed\n" || end.GetExitCode() != 0 {
+		t.Fatalf("relay: %q %v %v", out, end, err)
+	}
+	if st := e.call("GET", "/v1/sandboxes/"+v.ID+"/agent/health", "", nil, nil); st != http.StatusUnauthorized {
+		t.Errorf("agent route without an API key: %d", st)
+	}
+}
+
+// TestE2BSignedFiles: a signed /files URL that names no sandbox reaches
+// the sandbox whose token made the signature; a signature made with any
+// other token is refused with 401 and writes nothing.
+func TestE2BSignedFiles(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 10)
+	var sb e2bSandbox
+	if st := e.call("POST", "/sandboxes", apiKey, map[string]any{}, &sb); st != http.StatusCreated {
+		t.Fatalf("create: %d", st)
+	}
+	signed := func(path, token string) string {
+		return "/files?path=" + path + "&username=user&signature=" + url.QueryEscape(runtimetest.Sign(path, "write", "user", token, 0))
+	}
+	hdr := []string{"Content-Type", "application/octet-stream"}
+	if st := e.call("POST", signed("/home/user/signed.txt", sb.EnvdAccessToken), "", "signed", nil, hdr...); st != http.StatusOK {
+		t.Fatalf("signed upload: %d", st)
+	}
+	if data, ok := e.d.ReadFile(sb.SandboxID, "/home/user/signed.txt"); !ok || string(data) != "signed" {
+		t.Fatalf("sandbox file: %q %v", data, ok)
+	}
+	var ee e2bSandbox
+	if st := e.call("POST", signed("/home/user/forged.txt", "not-the-token"), "", "forged", &ee, hdr...); st != http.StatusUnauthorized || ee.Message != "invalid signature" {
+		t.Fatalf("forged signature: %d %+v", st, ee)
+	}
+	if _, ok := e.d.ReadFile(sb.SandboxID, "/home/user/forged.txt"); ok {
+		t.Fatal("a forged signature wrote a file")
 	}
 }
