@@ -20,6 +20,7 @@ import (
 
 	"github.com/corralhq/corral/internal/api"
 	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/runtime/runtimetest"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
@@ -542,5 +543,37 @@ func TestE2BSignedFiles(t *testing.T) {
 	}
 	if _, ok := e.d.ReadFile(sb.SandboxID, "/home/user/forged.txt"); ok {
 		t.Fatal("a forged signature wrote a file")
+	}
+}
+
+// TestNativeMetricsAndProcesses: the metrics route reports what the
+// driver reads (here set by the test) and the processes route the
+// sandbox's processes; both are not_found once it has ended.
+func TestNativeMetricsAndProcesses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 10)
+	v := e.createNative(map[string]any{})
+	e.d.SetStats(v.ID, runtime.Stats{MemoryBytes: 42 << 20, Pids: 7, CPUSeconds: 1.5})
+	var m struct {
+		Current struct {
+			MemoryBytes int64 `json:"memory_bytes"`
+			Pids        int64 `json:"pids"`
+		} `json:"current"`
+	}
+	if st := e.call("GET", "/v1/sandboxes/"+v.ID+"/metrics", apiKey, nil, &m); st != 200 || m.Current.MemoryBytes != 42<<20 || m.Current.Pids != 7 {
+		t.Fatalf("metrics: %d %+v", st, m)
+	}
+	var p struct {
+		Processes []runtime.Process `json:"processes"`
+	}
+	if st := e.call("GET", "/v1/sandboxes/"+v.ID+"/processes", apiKey, nil, &p); st != 200 || len(p.Processes) != 1 || p.Processes[0].User != "root" {
+		t.Fatalf("processes: %d %+v", st, p)
+	}
+	e.call("DELETE", "/v1/sandboxes/"+v.ID, apiKey, nil, nil)
+	var ae apiErr
+	for _, route := range []string{"/metrics", "/processes"} {
+		if st := e.call("GET", "/v1/sandboxes/"+v.ID+route, apiKey, nil, &ae); st != http.StatusNotFound || ae.Code != api.CodeNotFound {
+			t.Errorf("%s after kill: %d %+v", route, st, ae)
+		}
 	}
 }
