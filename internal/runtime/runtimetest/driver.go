@@ -10,6 +10,21 @@
 // Driver.Respond), and files live in an in-memory map. It checks the
 // access token as the real agent does.
 //
+// Typical use, in a test of the Manager:
+//
+//	d := runtimetest.New()
+//	d.RespondLine("make test", runtimetest.Result{Stdout: "ok\n"})
+//	m := sandbox.New(cfg, st, d, templates, log)
+//	sb, _ := m.Create(ctx, sandbox.CreateRequest{})
+//	d.OOM(sb.ID) // the watcher ends it with reason "oom"
+//
+// Where it differs from the real drivers: Stop ignores the grace (there
+// is nothing to SIGTERM); Stats, Dial, Pause, Resume, Processes, NetNS
+// and Snapshot of an id it does not hold fail with an error wrapping
+// runtime.ErrNotFound (the oci driver says so only for invalid ids);
+// NetNS always fails; a paused agent holds new requests but not the
+// processes already running.
+//
 // It is a test seam, not a sandbox: code that needs isolation, limits or
 // the real agent's behaviour is tested against the real drivers.
 package runtimetest
@@ -413,7 +428,7 @@ func (d *Driver) Config(id string) (runtime.Config, bool) {
 	return cloneConfig(b.cfg), true
 }
 
-// Starts and Stops count the calls made so far.
+// Starts counts the sandboxes Start has started so far.
 func (d *Driver) Starts() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -130,7 +130,7 @@ func (f *memFS) write(p string, data []byte, owner string) error {
 	return nil
 }
 
-// mkdirAll creates the directory p and its parents; f.mu must be held.
+// mkdirAllLocked creates the directory p and its parents; f.mu must be held.
 func (f *memFS) mkdirAllLocked(p, owner string) error {
 	var missing []string
 	for q := p; ; q = path.Dir(q) {
