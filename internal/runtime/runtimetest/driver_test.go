@@ -479,3 +479,30 @@ func TestSnapshotLayers(t *testing.T) {
 		t.Fatal("a file removed in the top layer is visible")
 	}
 }
+
+// TestNothingRunsOnHost: the fake agent answers from its table and never
+// executes a command on the host (the project's rule: no untrusted code
+// outside a sandbox, not in tests either): a command that would create a
+// host file leaves none, and an upload lands in memory, not on the host.
+func TestNothingRunsOnHost(t *testing.T) {
+	d := runtimetest.New()
+	start(t, d, "sb1")
+	marker := filepath.Join(t.TempDir(), "ran")
+	for _, argv := range [][]string{{"touch", marker}, {"/bin/sh", "-c", "touch " + marker}, {"/usr/bin/touch", marker}} {
+		r := run(context.Background(), procClient(d, "sb1"), "root", false, argv[0], argv[1:]...)
+		if r.end == nil || r.end.GetExitCode() != 127 {
+			t.Errorf("%v: %+v, want exit 127 (no responder)", argv, r)
+		}
+	}
+	resp, err := client(d, "sb1", token).Post("http://agent/files?path="+url.QueryEscape(marker), "application/octet-stream", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a host file appeared: %v", err)
+	}
+	if data, ok := d.ReadFile("sb1", marker); !ok || string(data) != "x" {
+		t.Fatalf("upload not in the sandbox's memory: %q %v", data, ok)
+	}
+}
