@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -16,6 +14,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"golang.org/x/sys/unix"
 
+	"github.com/corralhq/corral/internal/idgen"
 	fspb "github.com/corralhq/corral/proto/filesystem"
 )
 
@@ -247,9 +246,7 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	if err != nil {
 		return nil, err
 	}
-	var idb [12]byte
-	_, _ = rand.Read(idb[:])
-	id := hex.EncodeToString(idb[:])
+	id := idgen.Hex(12)
 	pw := &polledWatcher{dw: dw}
 	t.mu.Lock()
 	t.m[id] = pw

@@ -2,7 +2,6 @@ package govern
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corralhq/corral/internal/idgen"
 	"github.com/corralhq/corral/internal/store"
 )
 
@@ -172,18 +172,6 @@ func New(cfg Config, st *store.Store) *Governor {
 	return &Governor{cfg: cfg, st: st, tasks: map[string]*taskState{}}
 }
 
-func newTaskID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 20)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return "t" + string(b[1:])
-}
-
 func (g *Governor) record(sandbox, task, kind string, data any) {
 	if g.cfg.Audit != nil {
 		g.cfg.Audit.RecordTask(sandbox, task, kind, data)
@@ -224,7 +212,7 @@ func (g *Governor) create(ctx context.Context, req TaskRequest, implicit bool) (
 		}
 	}
 	b.NoLoopCheck = req.NoLoopCheck
-	t := &store.Task{ID: newTaskID(), Agent: req.Agent, Implicit: implicit, State: store.TaskOpen,
+	t := &store.Task{ID: idgen.New("t", 19), Agent: req.Agent, Implicit: implicit, State: store.TaskOpen,
 		Budgets: b, OnTrip: req.OnTrip, Artifacts: req.Artifacts, CreatedAt: g.cfg.Now().UTC()}
 	if err := g.st.InsertTask(ctx, t); err != nil {
 		return nil, err

@@ -6,8 +6,6 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -23,6 +21,7 @@ import (
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/gateway"
 	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/idgen"
 	"github.com/corralhq/corral/internal/inroot"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/store"
@@ -418,7 +417,7 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 	}
 	now := time.Now().UTC()
 	rec := &store.Sandbox{
-		ID: newID(), AccessToken: newToken(), Template: req.Template, Runtime: req.Runtime, Tier: req.Tier,
+		ID: idgen.New("", idgen.SandboxLen), AccessToken: idgen.Token(), Template: req.Template, Runtime: req.Runtime, Tier: req.Tier,
 		Resources: res, CommandTimeout: cmdTimeout, Network: req.Network,
 		Metadata: req.Metadata, State: store.StateRunning, CreatedAt: now, ExpiresAt: now.Add(ttl),
 	}
@@ -475,28 +474,6 @@ func refusedContent(rec *store.Sandbox, err error) error {
 		return invalid("snapshot %s (template %s) cannot start safely: %s", rec.Snapshot, rec.Template, refused)
 	}
 	return invalid("template %s cannot start safely: %s", rec.Template, refused)
-}
-
-// newToken returns a random access token for a sandbox's agent.
-func newToken() string {
-	b := make([]byte, 24)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
-}
-
-// newID returns 20 random characters from [a-z0-9], like E2B's ids.
-func newID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 20)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return string(b)
 }
 
 // Create validates req, starts the sandbox and records it.

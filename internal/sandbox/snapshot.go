@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/corralhq/corral/internal/idgen"
 	"github.com/corralhq/corral/internal/store"
 )
 
@@ -82,7 +83,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, ls *liveSandbox, name stri
 	if m.cfg.SnapshotDir == "" {
 		return nil, errors.New("snapshots are not configured")
 	}
-	snapID := SnapshotPrefix + newID()
+	snapID := idgen.New(SnapshotPrefix, idgen.SandboxLen)
 	layer := filepath.Join(m.cfg.SnapshotDir, snapID, "layer")
 	size, err := m.driver.Snapshot(ctx, id, layer)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corralhq/corral/internal/idgen"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/volume"
@@ -68,7 +69,7 @@ func (m *Manager) CreateVolume(ctx context.Context, name string, sizeMB int64) (
 	}
 	m.volMu.Lock()
 	defer m.volMu.Unlock()
-	v := &store.Volume{ID: "vol" + newID()[:17], Name: name, SizeMB: sizeMB, Token: newToken(), CreatedAt: time.Now().UTC()}
+	v := &store.Volume{ID: idgen.New("vol", 17), Name: name, SizeMB: sizeMB, Token: idgen.Token(), CreatedAt: time.Now().UTC()}
 	if err := vs.Create(ctx, v.ID, sizeMB); err != nil {
 		return nil, fmt.Errorf("create volume %s: %w", name, err)
 	}

@@ -6,7 +6,6 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -29,6 +28,7 @@ import (
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/gateway"
 	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/idgen"
 	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/metrics"
 	"github.com/corralhq/corral/internal/netns"
@@ -588,11 +588,7 @@ func ensureAdminKey(ctx context.Context, st *store.Store, path string) (string, 
 	b, err := os.ReadFile(path)
 	key := strings.TrimSpace(string(b))
 	if errors.Is(err, os.ErrNotExist) || key == "" {
-		buf := make([]byte, 20)
-		if _, err := rand.Read(buf); err != nil {
-			return "", err
-		}
-		key = "e2b_" + hex.EncodeToString(buf)
+		key = "e2b_" + idgen.Hex(20)
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 		if err != nil {
 			return "", fmt.Errorf("write admin key: %w", err)

@@ -3,8 +3,6 @@ package volumecontent
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/corralhq/corral/internal/idgen"
 )
 
 // entryStat is the VolumeEntryStat schema of the volume content API.
@@ -656,11 +656,7 @@ func (s *staged) discard() {
 // stage copies body into a new file next to req.rel, owned and moded as
 // asked.
 func (h *handler) stage(req *request, body io.Reader, uid, gid int, mode uint32) (*staged, int64, error) {
-	var rnd [8]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return nil, 0, fmt.Errorf("temporary name: %w", err)
-	}
-	rel := joinRel(path.Dir(req.rel), ".corral-upload-"+hex.EncodeToString(rnd[:]))
+	rel := joinRel(path.Dir(req.rel), ".corral-upload-"+idgen.Hex(8))
 	f, err := req.root.OpenFile(rel, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, 0, fmt.Errorf("create: %w", err)
