@@ -2,7 +2,6 @@ package api
 
 import (
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -63,26 +62,6 @@ func (s *Server) e2bRoutes() {
 // The SDK reads the numeric code, not the HTTP status, to detect 404s.
 func e2bError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]any{"code": status, "message": msg})
-}
-
-func (s *Server) e2bAuth(h http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := apiKey(r)
-		ok := false
-		if key != "" && len(key) <= 256 {
-			var err error
-			if ok, err = s.store.CheckAPIKey(r.Context(), key); err != nil {
-				s.log.Error("check api key", "err", err)
-				e2bError(w, http.StatusInternalServerError, "internal error")
-				return
-			}
-		}
-		if !ok {
-			e2bError(w, http.StatusUnauthorized, "Invalid API key")
-			return
-		}
-		h(w, r)
-	})
 }
 
 // e2bSandbox is E2B's Sandbox object (create, connect).
@@ -597,7 +576,7 @@ func (s *Server) e2bEnvd(w http.ResponseWriter, r *http.Request, id string) {
 	switch got := r.Header.Get("X-Access-Token"); {
 	case r.URL.Path == "/health":
 	case got != "":
-		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+		if !sameSecret(got, token) {
 			e2bError(w, http.StatusUnauthorized, e2bUnauthorized)
 			return
 		}
@@ -650,7 +629,7 @@ func (s *Server) e2bSignedFiles(w http.ResponseWriter, r *http.Request) {
 		prefix := sha256.New()
 		io.WriteString(prefix, q.Get("path")+":"+op+":"+q.Get("username")+":")
 		id = s.mgr.FindByToken(func(token string) bool {
-			return subtle.ConstantTimeCompare([]byte(signTail(prefix, token, exp)), []byte(sig)) == 1
+			return sameSecret(sig, signTail(prefix, token, exp))
 		})
 	}
 	if id == "" || !s.mgr.Running(id) {

@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/corralhq/corral/internal/store"
 )
 
 // Defaults of the HTTP bounds (docs/configuration.md).
@@ -77,7 +75,8 @@ func (l *streamLimit) refusal(whose string) string {
 // over the limit.
 func (s *Server) streamed(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		release, ok := s.streams.acquire("key:" + store.HashKey(apiKey(r)))
+		id, _ := identityFrom(r.Context())
+		release, ok := s.streams.acquire(id.principal())
 		if !ok {
 			w.Header().Set("Retry-After", streamRetryAfter)
 			writeJSON(w, http.StatusTooManyRequests, apiError{Code: CodeTooManyStreams, Message: s.streams.refusal("this API key")})
@@ -92,7 +91,7 @@ func (s *Server) streamed(h http.HandlerFunc) http.HandlerFunc {
 // access token or URL signature is its credential); over the limit it
 // answers E2B's 429 (the SDK's RateLimitError) and returns false.
 func (s *Server) sandboxStream(w http.ResponseWriter, id string) (release func(), ok bool) {
-	release, ok = s.streams.acquire("sandbox:" + id)
+	release, ok = s.streams.acquire(Identity{Kind: CredSandbox, SandboxID: id}.principal())
 	if !ok {
 		w.Header().Set("Retry-After", streamRetryAfter)
 		e2bError(w, http.StatusTooManyRequests, CodeTooManyStreams+": "+s.streams.refusal("sandbox "+id))

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
@@ -157,16 +158,22 @@ func TestProgressDeadlinesKeepStreams(t *testing.T) {
 // and a Retry-After, another key is unaffected, and a closed stream frees
 // its place.
 func TestStreamLimit(t *testing.T) {
-	s := &Server{streams: newStreamLimit(2)}
+	s, st := authServer(t)
+	s.streams = newStreamLimit(2)
+	for _, k := range []string{"key-a", "key-b"} {
+		if err := st.AddAPIKey(context.Background(), k, k); err != nil {
+			t.Fatal(err)
+		}
+	}
 	hold := make(chan struct{})
 	started := make(chan struct{}, 8)
-	srv := httptest.NewServer(s.streamed(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(s.auth(s.streamed(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/hold" {
 			started <- struct{}{}
 			<-hold
 		}
 		io.WriteString(w, "ok")
-	}))
+	})))
 	defer srv.Close()
 	defer close(hold)
 	do := func(key, path string) (*http.Response, string) {

@@ -91,7 +91,7 @@ func (s *Server) stripCredentials(r *http.Request, anyBearer bool) {
 			r.Header.Del("Authorization")
 			return
 		}
-		if valid, err := s.store.CheckAPIKey(r.Context(), tok); err != nil || valid {
+		if _, err := s.identify(r.Context(), tok); !errors.Is(err, errNoKey) {
 			// On a failed check the header goes too: better an app
 			// misses its header than a key leaks.
 			r.Header.Del("Authorization")

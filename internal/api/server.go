@@ -5,7 +5,6 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -167,39 +166,6 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
-}
-
-// apiKey returns the key a request carries: X-API-Key, else a Bearer token.
-func apiKey(r *http.Request) string {
-	if k := r.Header.Get("X-API-Key"); k != "" {
-		return k
-	}
-	if k, ok := bearerToken(r.Header.Get("Authorization")); ok {
-		return k
-	}
-	return ""
-}
-
-func (s *Server) auth(h http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := apiKey(r)
-		ok := false
-		if key != "" && len(key) <= 256 {
-			var err error
-			ok, err = s.store.CheckAPIKey(r.Context(), key)
-			if err != nil {
-				s.writeErr(w, r, err)
-				return
-			}
-		}
-		// Compare something anyway so a missing key costs the same.
-		_ = subtle.ConstantTimeCompare([]byte(key), []byte(key))
-		if !ok {
-			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "missing or invalid API key (X-API-Key or Authorization: Bearer)")
-			return
-		}
-		h(w, r)
-	})
 }
 
 type ctxKey int

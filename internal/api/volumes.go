@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"net/http"
 	"time"
@@ -88,7 +87,7 @@ func (s *Server) volumeContent() http.Handler {
 		if err != nil {
 			return "", err
 		}
-		if subtle.ConstantTimeCompare([]byte(token), []byte(v.Token)) != 1 {
+		if !sameSecret(token, v.Token) {
 			return "", volumecontent.ErrUnauthorized
 		}
 		return s.mgr.VolumePath(ctx, v)

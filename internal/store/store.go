@@ -7,6 +7,7 @@ package store
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/subtle"
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
@@ -587,14 +588,37 @@ func (s *Store) AddAPIKey(ctx context.Context, name, key string) error {
 	return nil
 }
 
-// CheckAPIKey reports whether key is a known API key.
-func (s *Store) CheckAPIKey(ctx context.Context, key string) (bool, error) {
-	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM api_keys WHERE hash=?`, HashKey(key)).Scan(&n)
-	if err != nil {
-		return false, fmt.Errorf("check api key: %w", err)
+// APIKey is a stored API key: never the key itself, only its hash.
+type APIKey struct {
+	// Hash is HashKey of the key (hex SHA-256).
+	Hash string
+	// Name names the key ("admin" for the data dir's admin.key).
+	Name      string
+	CreatedAt time.Time
+}
+
+// LookupAPIKey returns the stored key whose hash is HashKey(key), or an
+// error wrapping ErrNotFound. The row is found by the key's SHA-256 (an
+// index lookup whose timing can reveal at most a prefix of a hash, not of
+// the key), then the stored hash is compared with the computed one in
+// constant time, so a timing side channel tells a caller nothing about a
+// key it does not hold.
+func (s *Store) LookupAPIKey(ctx context.Context, key string) (*APIKey, error) {
+	want := HashKey(key)
+	var k APIKey
+	var created int64
+	err := s.db.QueryRowContext(ctx, `SELECT hash, name, created_at FROM api_keys WHERE hash=?`, want).Scan(&k.Hash, &k.Name, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("api key: %w", ErrNotFound)
 	}
-	return n > 0, nil
+	if err != nil {
+		return nil, fmt.Errorf("look up api key: %w", err)
+	}
+	if subtle.ConstantTimeCompare([]byte(k.Hash), []byte(want)) != 1 {
+		return nil, fmt.Errorf("api key: %w", ErrNotFound)
+	}
+	k.CreatedAt = time.UnixMilli(created).UTC()
+	return &k, nil
 }
 
 // scanner is a *sql.Row or *sql.Rows.

@@ -63,8 +63,9 @@ func TestRecordsSurviveReopen(t *testing.T) {
 		t.Fatalf("commands after reopen: %+v %v", cmds, err)
 	}
 	for key, want := range map[string]bool{"e2b_secret": true, "e2b_other": false, "": false} {
-		if ok, err := s.CheckAPIKey(ctx, key); err != nil || ok != want {
-			t.Errorf("CheckAPIKey(%q) = %v %v, want %v", key, ok, err, want)
+		k, err := s.LookupAPIKey(ctx, key)
+		if want && (err != nil || k.Name == "" || k.Hash != HashKey(key)) || !want && !errors.Is(err, ErrNotFound) {
+			t.Errorf("LookupAPIKey(%q) = %+v %v, want found %v", key, k, err, want)
 		}
 	}
 	if _, err := s.GetSandbox(ctx, "nope"); !errors.Is(err, ErrNotFound) {

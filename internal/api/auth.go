@@ -1,0 +1,171 @@
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"net/http"
+
+	"github.com/corralhq/corral/internal/store"
+)
+
+// MaxAPIKeyLen bounds the API key a request may carry; a longer one is
+// refused like a wrong one, without hashing or a lookup.
+const MaxAPIKeyLen = 256
+
+// Role is what an identity may do. Every API key today has RoleAdmin
+// (full access to the server); roles narrow with teams.
+type Role string
+
+// RoleAdmin may use every route.
+const RoleAdmin Role = "admin"
+
+// CredentialKind is the kind of credential an Identity was proven by.
+type CredentialKind string
+
+// Credential kinds.
+const (
+	// CredAPIKey is an API key (X-API-Key, or Authorization: Bearer).
+	CredAPIKey CredentialKind = "api-key"
+	// CredSandbox is a sandbox's envd credential: its access token
+	// (X-Access-Token) or a URL signed with it.
+	CredSandbox CredentialKind = "sandbox"
+)
+
+// Identity is who a request speaks for, established once by the auth
+// middleware and read by handlers from the request's context. It names
+// the credential (never holds it), so it may be logged. A team field
+// joins it with teams.
+type Identity struct {
+	Kind CredentialKind
+	// KeyID identifies an API key: the first 16 hex digits of its
+	// SHA-256 (store.HashKey), stable across restarts.
+	KeyID string
+	// KeyName is the API key's name ("admin").
+	KeyName string
+	// Role is what the identity may do.
+	Role Role
+	// SandboxID is the sandbox whose credential a CredSandbox identity
+	// holds.
+	SandboxID string
+}
+
+// principal is the identity's name in per-credential bookkeeping (the
+// stream limit): "key:<KeyID>" or "sandbox:<id>".
+func (id Identity) principal() string {
+	if id.Kind == CredSandbox {
+		return "sandbox:" + id.SandboxID
+	}
+	return "key:" + id.KeyID
+}
+
+// keyIDLen is how many hex digits of a key's hash make its KeyID.
+const keyIDLen = 16
+
+type identityKey struct{}
+
+func withIdentity(ctx context.Context, id Identity) context.Context {
+	return context.WithValue(ctx, identityKey{}, id)
+}
+
+// identityFrom returns the identity the auth middleware attached.
+func identityFrom(ctx context.Context) (Identity, bool) {
+	id, ok := ctx.Value(identityKey{}).(Identity)
+	return id, ok
+}
+
+// apiKey returns the key a request carries: X-API-Key, else a Bearer token.
+func apiKey(r *http.Request) string {
+	if k := r.Header.Get("X-API-Key"); k != "" {
+		return k
+	}
+	if k, ok := bearerToken(r.Header.Get("Authorization")); ok {
+		return k
+	}
+	return ""
+}
+
+// errNoKey: the request carries no API key, or one that no stored key
+// matches.
+var errNoKey = errors.New("missing or invalid API key")
+
+// identify is the one check of an API key, used by every route family
+// and by stripCredentials. It returns errNoKey for a missing, oversized
+// or unknown key and another error when the store cannot answer. It
+// defends against key guessing by timing: the key is never compared
+// byte by byte (see store.LookupAPIKey).
+func (s *Server) identify(ctx context.Context, key string) (Identity, error) {
+	if key == "" || len(key) > MaxAPIKeyLen {
+		return Identity{}, errNoKey
+	}
+	k, err := s.store.LookupAPIKey(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return Identity{}, errNoKey
+	}
+	if err != nil {
+		return Identity{}, err
+	}
+	return Identity{Kind: CredAPIKey, KeyID: k.Hash[:keyIDLen], KeyName: k.Name, Role: RoleAdmin}, nil
+}
+
+// routeFamily is how a family of routes answers a refused request: each
+// keeps the error shape its clients parse.
+type routeFamily struct {
+	// unauthenticated answers a missing or wrong key.
+	unauthenticated func(w http.ResponseWriter)
+	// failed answers a store that could not check the key.
+	failed func(s *Server, w http.ResponseWriter, r *http.Request, err error)
+}
+
+// nativeRoutes are /v1 and /metrics: corral's {"code","message"} with
+// the code "unauthenticated".
+var nativeRoutes = routeFamily{
+	unauthenticated: func(w http.ResponseWriter) {
+		writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "missing or invalid API key (X-API-Key or Authorization: Bearer)")
+	},
+	failed: func(s *Server, w http.ResponseWriter, r *http.Request, err error) { s.writeErr(w, r, err) },
+}
+
+// e2bRoutes are E2B's control-plane routes: E2B's {"code": <status>,
+// "message"} (the SDK turns a 401 into its AuthenticationError).
+var e2bRoutes = routeFamily{
+	unauthenticated: func(w http.ResponseWriter) { e2bError(w, http.StatusUnauthorized, "Invalid API key") },
+	failed: func(s *Server, w http.ResponseWriter, r *http.Request, err error) {
+		s.log.Error("check api key", "err", err)
+		e2bError(w, http.StatusInternalServerError, "internal error")
+	},
+}
+
+// authenticate is the one auth middleware of API-key routes: it
+// identifies the caller by its API key (identify) and runs h with the
+// Identity in the request's context, or refuses in the family's shape.
+// It defends against use of the API without a key.
+func (s *Server) authenticate(f routeFamily, h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := s.identify(r.Context(), apiKey(r))
+		switch {
+		case errors.Is(err, errNoKey):
+			f.unauthenticated(w)
+			return
+		case err != nil:
+			f.failed(s, w, r, err)
+			return
+		}
+		h(w, r.WithContext(withIdentity(r.Context(), id)))
+	})
+}
+
+// auth guards a native route.
+func (s *Server) auth(h http.HandlerFunc) http.Handler { return s.authenticate(nativeRoutes, h) }
+
+// e2bAuth guards an E2B control-plane route.
+func (s *Server) e2bAuth(h http.HandlerFunc) http.Handler { return s.authenticate(e2bRoutes, h) }
+
+// sameSecret reports whether a presented secret (access token, URL
+// signature, volume token) equals the expected one, in time that depends
+// on their lengths only: every secret comparison goes through it, so
+// none leaks by timing how many leading bytes matched. An empty expected
+// secret matches nothing.
+func sameSecret(got, want string) bool {
+	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
