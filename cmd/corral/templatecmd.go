@@ -9,7 +9,9 @@ import (
 
 	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/server"
+	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template"
+	"github.com/corralhq/corral/internal/template/registry"
 )
 
 // newTemplateCmd is `corral template`: local template management.
@@ -44,11 +46,16 @@ see --uid-range).`,
 			if err != nil {
 				return err
 			}
-			st, err := template.OpenStore(filepath.Join(data, "templates"))
+			st, err := store.Open(filepath.Join(data, "corral.db"))
 			if err != nil {
 				return err
 			}
-			if err := st.Register("base", t.Dir); err != nil {
+			defer st.Close()
+			reg := registry.New(st, registry.Config{})
+			if err := reg.MigrateLinks(cmd.Context(), filepath.Join(data, "templates")); err != nil {
+				return err
+			}
+			if err := reg.RegisterBase(cmd.Context(), t); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "base:%s %s (%d MB)\n", t.Version, t.Dir, t.Size>>20)

@@ -11,6 +11,7 @@ import (
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template/registry"
 	corral "github.com/corralhq/corral/sdk/go"
 )
 
@@ -73,6 +74,8 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var trip *govern.TripError
 	var capErr *govern.CapacityError
 	var ginv *govern.InvalidError
+	var rinv *registry.InvalidError
+	var rconflict *registry.ConflictError
 	switch {
 	case errors.As(err, &trip):
 		writeError(w, http.StatusForbidden, trip.Code, trip.Msg)
@@ -87,6 +90,10 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusBadRequest, CodeEnvSecret, envSecret.Error())
 	case errors.As(err, &conflict):
 		writeError(w, http.StatusConflict, CodeConflict, conflict.Msg)
+	case errors.As(err, &rinv):
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, rinv.Msg)
+	case errors.As(err, &rconflict):
+		writeError(w, http.StatusConflict, CodeConflict, rconflict.Msg)
 	case errors.Is(err, sandbox.ErrNetworkUnavailable):
 		writeError(w, http.StatusServiceUnavailable, CodeNetworkUnavailable, err.Error()+"; see the server log")
 	case errors.Is(err, sandbox.ErrVolumesUnavailable):

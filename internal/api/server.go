@@ -15,6 +15,7 @@ import (
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template/registry"
 )
 
 // Config configures the API server.
@@ -44,6 +45,9 @@ type Config struct {
 	// sandbox's envd credential) may hold open at once; more are refused
 	// with 429 too_many_streams (default DefaultMaxStreamsPerKey, 256).
 	MaxStreamsPerKey int
+	// Templates is the template registry (the /v1/templates routes and
+	// E2B's template alias check).
+	Templates *registry.Registry
 }
 
 // Server serves the API.
@@ -56,6 +60,8 @@ type Server struct {
 	agent http.Handler
 	ports http.Handler
 	gov   *govern.Governor
+	// templates is the template registry.
+	templates *registry.Registry
 	// streams bounds the open streams per credential.
 	streams *streamLimit
 	// handler is the routing with the progress deadlines around it.
@@ -74,7 +80,7 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 	if cfg.StallTimeout == 0 {
 		cfg.StallTimeout = DefaultStallTimeout
 	}
-	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor,
+	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor, templates: cfg.Templates,
 		streams: newStreamLimit(cfg.MaxStreamsPerKey)}
 	s.handler = progressDeadlines(cfg.StallTimeout, http.HandlerFunc(s.route))
 	s.agent = newAgentProxy(mgr, log)

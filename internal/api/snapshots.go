@@ -202,11 +202,11 @@ func (s *Server) e2bDeleteTemplate(w http.ResponseWriter, r *http.Request) {
 // 200 when a template of that name (or name:version) exists, else 404.
 func (s *Server) e2bTemplateAlias(w http.ResponseWriter, r *http.Request) {
 	alias := r.PathValue("alias")
-	if _, err := s.mgr.TemplateVersion(r.Context(), alias); err == nil {
+	if _, err := s.templates.Resolve(r.Context(), alias); err == nil {
 		writeJSON(w, http.StatusOK, map[string]any{"templateID": alias, "public": false})
 		return
 	}
-	if list, err := s.mgr.Templates(r.Context(), alias); err == nil && len(list) > 0 {
+	if list, err := s.templates.List(r.Context(), alias); err == nil && len(list) > 0 {
 		writeJSON(w, http.StatusOK, map[string]any{"templateID": alias, "public": false})
 		return
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template"
+	"github.com/corralhq/corral/internal/template/registry"
 )
 
 // templateView is a template version as the API reports it.
@@ -42,7 +43,7 @@ func templateOut(t *store.TemplateVersion) templateView {
 }
 
 func (s *Server) templateErr(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, sandbox.ErrTemplateNotFound) {
+	if errors.Is(err, registry.ErrNotFound) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "template not found")
 		return
 	}
@@ -50,7 +51,7 @@ func (s *Server) templateErr(w http.ResponseWriter, r *http.Request, err error) 
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	list, err := s.mgr.Templates(r.Context(), r.URL.Query().Get("name"))
+	list, err := s.templates.List(r.Context(), r.URL.Query().Get("name"))
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -63,7 +64,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
-	t, err := s.mgr.TemplateVersion(r.Context(), r.PathValue("ref"))
+	t, err := s.templates.Resolve(r.Context(), r.PathValue("ref"))
 	if err != nil {
 		s.templateErr(w, r, err)
 		return
@@ -72,7 +73,7 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) useTemplate(w http.ResponseWriter, r *http.Request) {
-	t, err := s.mgr.UseTemplate(r.Context(), r.PathValue("ref"))
+	t, err := s.templates.Use(r.Context(), r.PathValue("ref"))
 	if err != nil {
 		s.templateErr(w, r, err)
 		return
@@ -81,7 +82,7 @@ func (s *Server) useTemplate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.DeleteTemplate(r.Context(), r.PathValue("ref")); err != nil {
+	if err := s.templates.Delete(r.Context(), r.PathValue("ref")); err != nil {
 		s.templateErr(w, r, err)
 		return
 	}
@@ -113,11 +114,13 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		code := CodeInternal
 		var inv *sandbox.InvalidError
 		var conflict *sandbox.ConflictError
+		var rinv *registry.InvalidError
+		var rconflict *registry.ConflictError
 		var be *sandbox.BuildError
 		switch {
-		case errors.As(err, &inv):
+		case errors.As(err, &inv), errors.As(err, &rinv):
 			code = CodeInvalidArgument
-		case errors.As(err, &conflict):
+		case errors.As(err, &conflict), errors.As(err, &rconflict):
 			code = CodeConflict
 		case errors.As(err, &be):
 			code = "build_failed"
@@ -193,7 +196,7 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 		src = template.ImportSource{Tarball: tmp.Name()}
 	}
 	var log strings.Builder
-	tv, err := s.mgr.ImportTemplate(r.Context(), ref, src, &log)
+	tv, err := s.templates.Import(r.Context(), ref, src, &log)
 	if err != nil {
 		s.templateErr(w, r, err)
 		return
@@ -208,7 +211,7 @@ func (s *Server) inspectTemplate(w http.ResponseWriter, r *http.Request) {
 	if v, err := strconv.Atoi(r.URL.Query().Get("top")); err == nil && v > 0 && v <= 1000 {
 		n = v
 	}
-	layers, image, err := s.mgr.InspectTemplate(r.Context(), r.PathValue("ref"), n)
+	layers, image, err := s.templates.Inspect(r.Context(), r.PathValue("ref"), n)
 	if err != nil {
 		s.templateErr(w, r, err)
 		return

@@ -3,20 +3,15 @@ package sandbox
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +19,7 @@ import (
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template/registry"
 	"github.com/corralhq/corral/proto/process"
 )
 
@@ -78,18 +74,14 @@ type SpecCommand struct {
 	User    string `json:"user,omitempty"` // root (default) or user
 }
 
-var (
-	tmplNameRe    = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-	tmplVersionRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
-	pkgRe         = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]*(=[A-Za-z0-9.+:~-]+)?$`)
-)
+var pkgRe = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]*(=[A-Za-z0-9.+:~-]+)?$`)
 
 // checkSpec validates a spec; it changes nothing.
 func checkSpec(s *TemplateSpec) error {
-	if !tmplNameRe.MatchString(s.Name) || strings.HasPrefix(s.Name, SnapshotPrefix) {
+	if !registry.ValidName(s.Name) {
 		return invalid("template name %q: use [a-z0-9._-], starting with a letter or digit", s.Name)
 	}
-	if s.Version != "" && !tmplVersionRe.MatchString(s.Version) {
+	if s.Version != "" && !registry.ValidVersion(s.Version) {
 		return invalid("template version %q: use [a-z0-9._-]", s.Version)
 	}
 	if len(s.Packages) > MaxSpecPackages || len(s.Files) > MaxSpecFiles || len(s.Run) > MaxSpecCommands {
@@ -176,18 +168,12 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec TemplateSpec, progress
 	if spec.Version == "" {
 		spec.Version = time.Now().UTC().Format("20060102-150405")
 	}
-	if _, err := m.store.GetTemplateVersion(ctx, spec.Name, spec.Version); err == nil {
-		return nil, &ConflictError{Msg: fmt.Sprintf("template %s:%s exists; templates are immutable, pick a new version", spec.Name, spec.Version)}
-	}
-	if m.cfg.TemplateDir == "" {
-		return nil, errors.New("template builds are not configured")
-	}
-	dir := filepath.Join(m.cfg.TemplateDir, spec.Name, spec.Version)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+	if _, _, err := m.templates.CheckNew(ctx, spec.Name+":"+spec.Version); err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("template build dir: %w", err)
+	dir, err := m.templates.NewLayerDir(spec.Name, spec.Version)
+	if err != nil {
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
@@ -218,9 +204,6 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec TemplateSpec, progress
 	// only where the spec needs it.
 	req := CreateRequest{Template: base.Ref(), Tier: "medium", Timeout: ptr(int64(2 * time.Hour / time.Second)),
 		Metadata: map[string]string{"corral": "template-build", "template": spec.Name + ":" + spec.Version}, Agent: "corral-template-build"}
-	if base.Version == "" {
-		req.Template = base.Name
-	}
 	allow := append([]string{}, spec.Allow...)
 	switch {
 	case len(spec.AptSources) > 0:
@@ -308,18 +291,15 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec TemplateSpec, progress
 	if err != nil {
 		return nil, fmt.Errorf("save layer: %w", err)
 	}
-	digest, err := layerDigest(base.Digest, layer)
+	digest, err := registry.LayerDigest(base.Digest, layer)
 	if err != nil {
 		return nil, err
 	}
-	tv = &store.TemplateVersion{Name: spec.Name, Version: spec.Version, Digest: digest, Parent: base.Ref(), Source: "build",
+	tv = &store.TemplateVersion{Name: spec.Name, Version: spec.Version, Digest: digest, Parent: base.Ref(), Source: registry.SourceBuild,
 		RootFS: base.RootFS, Layers: append([]string{layer}, base.Layers...), SizeBytes: base.SizeBytes + size,
 		BuildLog: filepath.Join(dir, "build.log"), CreatedAt: time.Now().UTC(),
 		Config: store.TemplateConfig{Env: spec.Env, Workdir: spec.Workdir, Start: spec.Start, Runtime: spec.Runtime, Tier: spec.Tier}}
-	if base.Version == "" {
-		tv.Parent = base.Name
-	}
-	if err := m.store.InsertTemplateVersion(ctx, tv, true); err != nil {
+	if err := m.templates.Add(ctx, tv); err != nil {
 		return nil, err
 	}
 	m.audit("", "template.built", map[string]any{"template": tv.Ref(), "parent": tv.Parent, "digest": digest, "bytes": size})
@@ -453,47 +433,3 @@ func aptSourceHost(src string) (string, error) {
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
-
-// layerDigest is the content digest of a layer on top of a parent digest:
-// sha256 over the parent digest and, for every path in order, its type,
-// mode, owner, size, link target and content.
-func layerDigest(parent, dir string) (string, error) {
-	h := sha256.New()
-	io.WriteString(h, parent+"\n")
-	var paths []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		paths = append(paths, p)
-		return nil
-	})
-	if err != nil {
-		return "", err
-	}
-	sort.Strings(paths)
-	for _, p := range paths {
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return "", err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		fmt.Fprintf(h, "%s %o %d\n", rel, fi.Mode(), fi.Size())
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0:
-			t, _ := os.Readlink(p)
-			io.WriteString(h, t+"\n")
-		case fi.Mode().IsRegular():
-			f, err := os.Open(p)
-			if err != nil {
-				return "", err
-			}
-			_, err = io.Copy(h, f)
-			f.Close()
-			if err != nil {
-				return "", err
-			}
-		}
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
-}

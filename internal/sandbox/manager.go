@@ -69,11 +69,6 @@ const (
 	EndIdle     = "idle"
 )
 
-// TemplateSource resolves a template name to its read-only rootfs.
-type TemplateSource interface {
-	RootFS(name string) (string, error)
-}
-
 // Config configures a Manager.
 type Config struct {
 	// DefaultTemplate is used when a request names none (default "base").
@@ -121,8 +116,6 @@ type Config struct {
 	RunawayAction string
 	// SnapshotDir holds snapshot layers ("" disables snapshots).
 	SnapshotDir string
-	// TemplateDir holds built and imported template versions.
-	TemplateDir string
 	// IDBase is the base of the server's uid range: the host uid/gid that
 	// sandbox root maps to, which imported templates are shifted to and
 	// volume files are owned from.
@@ -161,7 +154,7 @@ type Manager struct {
 	cfg       Config
 	store     *store.Store
 	driver    runtime.Driver
-	templates TemplateSource
+	templates TemplateRegistry
 	log       *slog.Logger
 
 	// mu guards live.
@@ -188,10 +181,6 @@ type Manager struct {
 	// it exclusively, so a volume is never deleted under a starting
 	// sandbox.
 	volMu sync.RWMutex
-	// importMu: imports hold it shared from the extraction until their
-	// record is stored; purgeUnusedImports holds it exclusively, so it
-	// never removes an import a record is about to name.
-	importMu sync.RWMutex
 
 	stop chan struct{}
 	done chan struct{}
@@ -223,7 +212,7 @@ type liveSandbox struct {
 }
 
 // New returns a Manager; call Reconcile before serving requests.
-func New(cfg Config, st *store.Store, d runtime.Driver, t TemplateSource, log *slog.Logger) *Manager {
+func New(cfg Config, st *store.Store, d runtime.Driver, t TemplateRegistry, log *slog.Logger) *Manager {
 	cfg.setDefaults()
 	if log == nil {
 		log = slog.Default()

@@ -64,7 +64,7 @@ func (m *Manager) Reap(ctx context.Context) {
 		}
 	}
 	m.purgeDeletedSnapshots(ctx)
-	m.purgeUnusedImports(ctx)
+	m.templates.PurgeUnusedImports(ctx)
 	m.purgeOrphanVolumes(ctx)
 	now := time.Now()
 	for id, ls := range live {

@@ -11,11 +11,13 @@ import (
 
 	"github.com/corralhq/corral/internal/idgen"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template/registry"
 )
 
 // SnapshotPrefix starts every snapshot id, so that a snapshot can be named
-// where a template is expected (E2B's create from a snapshot).
-const SnapshotPrefix = "snap-"
+// where a template is expected (E2B's create from a snapshot); no template
+// name starts with it.
+const SnapshotPrefix = registry.SnapshotPrefix
 
 // Snapshot limits.
 const (

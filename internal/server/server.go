@@ -36,6 +36,7 @@ import (
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template"
+	"github.com/corralhq/corral/internal/template/registry"
 	"github.com/corralhq/corral/internal/volume"
 	"github.com/corralhq/corral/internal/watchdog"
 )
@@ -306,7 +307,7 @@ type Server struct {
 	stopWatchdog  context.CancelFunc
 	stopRetention func() // stops the retention loop and waits for it
 
-	templates templateSource
+	templates *registry.Registry
 }
 
 // IDRange is the host uid/gid range the server's sandboxes map to.
@@ -341,26 +342,6 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
-	tmpl, err := ensureBase(ctx, cfg)
-	if err != nil {
-		st.Close()
-		return nil, err
-	}
-	if err := registerBase(ctx, st, tmpl); err != nil {
-		st.Close()
-		return nil, err
-	}
-	lockDownDirs(cfg)
-	agentBin, err := installAgent(cfg.AgentBinary, cfg.DataDir)
-	if err != nil {
-		st.Close()
-		return nil, err
-	}
-	drv, err := oci.New(oci.Options{StateDir: filepath.Join(cfg.DataDir, "sandboxes"), AgentBinary: agentBin, UIDBase: ids.Base})
-	if err != nil {
-		st.Close()
-		return nil, err
-	}
 	// Every secret value is redacted from the log and the audit log.
 	red := &egress.Redactor{}
 	secrets, err := st.ListSecrets(ctx)
@@ -373,6 +354,25 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	cfg.Log = slog.New(egress.NewSlogHandler(cfg.Log.Handler(), red))
 	al := audit.New(st, red, cfg.Log)
+	reg := registry.New(st, registry.Config{Dir: filepath.Join(cfg.DataDir, "template-versions"), IDBase: ids.Base, Audit: al, Log: cfg.Log})
+	if err := ensureBase(ctx, cfg, reg); err != nil {
+		al.Close()
+		st.Close()
+		return nil, err
+	}
+	lockDownDirs(cfg)
+	agentBin, err := installAgent(cfg.AgentBinary, cfg.DataDir)
+	if err != nil {
+		al.Close()
+		st.Close()
+		return nil, err
+	}
+	drv, err := oci.New(oci.Options{StateDir: filepath.Join(cfg.DataDir, "sandboxes"), AgentBinary: agentBin, UIDBase: ids.Base})
+	if err != nil {
+		al.Close()
+		st.Close()
+		return nil, err
+	}
 	var mgr *sandbox.Manager
 	if cfg.Admission.MaxConcurrent == 0 {
 		cfg.Admission.MaxConcurrent = cfg.MaxSandboxes
@@ -430,8 +430,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		KillGrace: cfg.KillGrace, Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: vols, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
-		TemplateDir: filepath.Join(cfg.DataDir, "template-versions"), IDBase: ids.Base,
-	}, st, drv, templateSource{tmpl}, cfg.Log)
+		IDBase: ids.Base,
+	}, st, drv, reg, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
 	mgr.SetWatchdog(wd)
 	wctx, wcancel := context.WithCancel(context.Background())
@@ -464,9 +464,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	rdone := make(chan struct{})
 	go func() { defer close(rdone); al.RunRetention(rctx, cfg.AuditRetention) }()
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
-		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey}, mgr, st, cfg.Log)
+		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey, Templates: reg}, mgr, st, cfg.Log)
 	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
-		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: templateSource{tmpl}, summary: sum,
+		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: reg, summary: sum,
 		stopRetention: func() { rcancel(); <-rdone }}, nil
 }
 
@@ -611,28 +611,25 @@ func ensureAdminKey(ctx context.Context, st *store.Store, path string) (string, 
 	return key, nil
 }
 
-// ensureBase registers the base template, building it (cached by
-// content and uid range base) when it is missing. A registered base
-// shifted to another range than the data dir's is refused.
-func ensureBase(ctx context.Context, cfg Config) (*template.Store, error) {
-	ts, err := template.OpenStore(filepath.Join(cfg.DataDir, "templates"))
-	if err != nil {
-		return nil, err
+// ensureBase makes sure the registry has a current base version whose
+// build is on disk, building it (cached by content and uid range base)
+// when it is missing, after moving an old data dir's template links
+// (DATA/templates) into the registry. A base shifted to another range
+// than the data dir's is refused.
+func ensureBase(ctx context.Context, cfg Config, reg *registry.Registry) error {
+	if err := reg.MigrateLinks(ctx, filepath.Join(cfg.DataDir, "templates")); err != nil {
+		return err
 	}
-	if t, err := ts.Resolve("base"); err == nil {
-		if err := checkTemplateBase(t, cfg.IDRange); err != nil {
-			return nil, err
-		}
-		return ts, nil
+	if t, err := reg.Base(ctx); err == nil {
+		return checkTemplateBase(t, cfg.IDRange)
+	} else if !errors.Is(err, registry.ErrNotFound) {
+		return err
 	}
 	t, err := template.BuildBase(ctx, cfg.TemplateCache, template.BaseOptions{Progress: cfg.Progress, IDBase: cfg.IDRange.Base})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := ts.Register("base", t.Dir); err != nil {
-		return nil, err
-	}
-	return ts, nil
+	return reg.RegisterBase(ctx, t)
 }
 
 // checkTemplateBase refuses a template whose files are shifted to another
@@ -643,22 +640,6 @@ func checkTemplateBase(t template.Template, r idrange.Range) error {
 		return fmt.Errorf("template %s (%s) is owned by the uid range based at %d, but the data dir's range is %s: register a base built for this range (corral template build-base) or use the matching --data dir", t.Name, t.Dir, t.IDBase, r)
 	}
 	return nil
-}
-
-// registerBase records the base template's build as a version of "base"
-// (current when base has no current version yet).
-func registerBase(ctx context.Context, st *store.Store, ts *template.Store) error {
-	t, err := ts.Resolve("base")
-	if err != nil {
-		return err
-	}
-	if _, err := st.GetTemplateVersion(ctx, "base", t.Version); err == nil {
-		return nil
-	}
-	_, curErr := st.GetTemplateVersion(ctx, "base", "")
-	tv := &store.TemplateVersion{Name: "base", Version: t.Version, Digest: "sha256:" + t.Digest, Source: "debootstrap",
-		RootFS: t.RootFS, SizeBytes: t.Size, BuildLog: filepath.Join(t.Dir, template.BuildLogFile), CreatedAt: t.Created}
-	return st.InsertTemplateVersion(ctx, tv, curErr != nil)
 }
 
 // installAgent copies the running (static) binary into the data dir, from
@@ -709,22 +690,9 @@ func InstallAgentBinary(bin, dataDir string) (string, error) {
 	return dst, nil
 }
 
-type templateSource struct{ s *template.Store }
-
-func (t templateSource) RootFS(name string) (string, error) {
-	tm, err := t.s.Resolve(name)
-	if err != nil {
-		if errors.Is(err, template.ErrNotFound) {
-			return "", errors.New("no such template")
-		}
-		return "", errors.New("template unavailable")
-	}
-	return tm.RootFS, nil
-}
-
 // TemplateRootFS returns the rootfs directory of a registered template.
 func (s *Server) TemplateRootFS(name string) (string, error) {
-	return s.templates.RootFS(name)
+	return s.templates.RootFS(context.Background(), name)
 }
 
 // lockDownDirs keeps host users out of the trees that hold files owned by

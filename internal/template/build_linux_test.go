@@ -169,16 +169,9 @@ func TestBuildBase(t *testing.T) {
 		t.Errorf("second BuildBase rebuilt: %+v, first %+v", again, tpl)
 	}
 
-	st, err := OpenStore(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Register("base", tpl.Dir); err != nil {
-		t.Fatal(err)
-	}
-	got, err := st.Resolve("base")
-	if err != nil || got.RootFS != tpl.RootFS {
-		t.Errorf("Resolve(base) = %+v, %v", got, err)
+	got, err := Open(tpl.Dir)
+	if err != nil || got.RootFS != tpl.RootFS || got.Version != tpl.Version {
+		t.Errorf("Open(%s) = %+v, %v", tpl.Dir, got, err)
 	}
 }
 
