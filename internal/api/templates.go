@@ -93,8 +93,8 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 // TemplateSpec; the answer streams JSON Lines: {"log": "..."} per line of
 // progress, then {"template": {...}} or {"error": {"code", "message"}}.
 func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, sandbox.MaxSpecFileBytes*2)
-	var spec sandbox.TemplateSpec
+	r.Body = http.MaxBytesReader(w, r.Body, registry.MaxSpecFileBytes*2)
+	var spec registry.Spec
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&spec); err != nil {

@@ -1,4 +1,4 @@
-package sandbox
+package registry
 
 import (
 	"errors"
@@ -30,7 +30,7 @@ func TestAptSourceHost(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.src[:min(len(tc.src), 40)], func(t *testing.T) {
-			h, err := aptSourceHost(tc.src)
+			h, err := AptSourceHost(tc.src)
 			if tc.wantErr == "" {
 				if err != nil || h != tc.host {
 					t.Fatalf("got %q, %v; want %q", h, err, tc.host)
@@ -48,17 +48,17 @@ func TestCheckSpecAptSources(t *testing.T) {
 	ok := "deb [trusted=yes] http://repo.example/ ./"
 	tests := []struct {
 		name    string
-		spec    TemplateSpec
+		spec    Spec
 		wantErr string
 	}{
-		{"with packages", TemplateSpec{Name: "t", Packages: []string{"jq"}, AptSources: []string{ok}}, ""},
-		{"without packages", TemplateSpec{Name: "t", AptSources: []string{ok}}, "needs packages"},
-		{"too many", TemplateSpec{Name: "t", Packages: []string{"jq"}, AptSources: make([]string, MaxAptSources+1)}, "at most"},
-		{"bad entry", TemplateSpec{Name: "t", Packages: []string{"jq"}, AptSources: []string{ok, "deb http://127.0.0.1/ ./"}}, "not address"},
+		{"with packages", Spec{Name: "t", Packages: []string{"jq"}, AptSources: []string{ok}}, ""},
+		{"without packages", Spec{Name: "t", AptSources: []string{ok}}, "needs packages"},
+		{"too many", Spec{Name: "t", Packages: []string{"jq"}, AptSources: make([]string, MaxAptSources+1)}, "at most"},
+		{"bad entry", Spec{Name: "t", Packages: []string{"jq"}, AptSources: []string{ok, "deb http://127.0.0.1/ ./"}}, "not address"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkSpec(&tc.spec)
+			err := tc.spec.Check()
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatal(err)
