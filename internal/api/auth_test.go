@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 )
 
@@ -160,6 +161,49 @@ func TestSameSecret(t *testing.T) {
 	} {
 		if sameSecret(c.got, c.want) != c.ok {
 			t.Errorf("sameSecret(%q, %q) = %v, want %v", c.got, c.want, !c.ok, c.ok)
+		}
+	}
+}
+
+// TestRouteFamilies checks the wiring: every route family sits behind
+// the middleware with its own refusal shape, so a request without a key
+// to a native route, /metrics, or an E2B route is refused before any
+// handler runs (the Server here has an empty Manager: a handler that
+// ran would panic).
+func TestRouteFamilies(t *testing.T) {
+	_, st := authServer(t)
+	s := New(Config{Metrics: http.NotFoundHandler()}, new(sandbox.Manager), st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, c := range []struct {
+		method, path string
+		e2b          bool
+	}{
+		{"GET", "/v1/sandboxes", false},
+		{"POST", "/v1/sandboxes", false},
+		{"GET", "/v1/templates", false},
+		{"DELETE", "/v1/templates/base:1", false},
+		{"POST", "/v1/sandboxes/x/exec", false},
+		{"GET", "/metrics", false},
+		{"GET", "/sandboxes", true},
+		{"POST", "/sandboxes", true},
+		{"POST", "/v2/sandboxes", true},
+		{"GET", "/templates/aliases/base", true},
+		{"DELETE", "/templates/snap-x", true},
+	} {
+		for _, key := range []string{"", "e2b_wrong"} {
+			req := httptest.NewRequest(c.method, c.path, strings.NewReader("{}"))
+			if key != "" {
+				req.Header.Set("Authorization", "Bearer "+key)
+			}
+			rec := httptest.NewRecorder()
+			s.ServeHTTP(rec, req)
+			body := rec.Body.String()
+			shape := strings.Contains(body, `"code":"unauthenticated"`)
+			if c.e2b {
+				shape = strings.Contains(body, `"code":401`) && strings.Contains(body, "Invalid API key")
+			}
+			if rec.Code != http.StatusUnauthorized || !shape {
+				t.Errorf("%s %s (key %q): %d %s; want 401 in the %s shape", c.method, c.path, key, rec.Code, body, map[bool]string{false: "native", true: "E2B"}[c.e2b])
+			}
 		}
 	}
 }
