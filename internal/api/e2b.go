@@ -565,7 +565,9 @@ const e2bUnauthorized = "unauthorized access, please provide a valid access toke
 
 // e2bEnvd routes an envd request for sandbox id to its agent, after
 // checking the sandbox's access token (or, on /files, leaving a URL
-// signature to the agent, which verifies it with the same token).
+// signature to the agent, which verifies it with the same token); the
+// request then carries a CredSandbox Identity. It defends against a
+// caller without the sandbox's token reaching its processes and files.
 func (s *Server) e2bEnvd(w http.ResponseWriter, r *http.Request, id string) {
 	token, ok := s.mgr.AccessToken(id)
 	if !ok {
@@ -586,6 +588,7 @@ func (s *Server) e2bEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		e2bError(w, http.StatusUnauthorized, e2bUnauthorized)
 		return
 	}
+	ctx = withIdentity(ctx, Identity{Kind: CredSandbox, SandboxID: id})
 	if r.URL.Path != "/health" {
 		release, ok := s.sandboxStream(w, id)
 		if !ok {
@@ -641,7 +644,7 @@ func (s *Server) e2bSignedFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	r2 := r.Clone(sandbox.WithoutToken(withSandboxID(r.Context(), id)))
+	r2 := r.Clone(sandbox.WithoutToken(withIdentity(withSandboxID(r.Context(), id), Identity{Kind: CredSandbox, SandboxID: id})))
 	s.stripCredentials(r2, true)
 	s.agent.ServeHTTP(w, r2)
 }
