@@ -59,7 +59,11 @@ func TestTemplateOldLayoutDataDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"base", "legacy"} {
-		if err := os.Symlink(filepath.Dir(rootfs), filepath.Join(links, name)); err != nil {
+		link := filepath.Join(links, name)
+		if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Dir(rootfs), link); err != nil {
 			t.Fatal(err)
 		}
 	}
