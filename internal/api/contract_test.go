@@ -29,6 +29,7 @@ import (
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template"
+	"github.com/corralhq/corral/internal/template/registry"
 	corral "github.com/corralhq/corral/sdk/go"
 )
 
@@ -49,7 +50,7 @@ var wirePairs = []struct {
 	{"task", new(taskView), new(corral.Task)},
 	{"template", new(templateView), new(corral.TemplateInfo)},
 	{"template import", new(importView), new(corral.ImportedTemplate)},
-	{"template layer", new(sandbox.LayerInspection), new(corral.TemplateLayer)},
+	{"template layer", new(registry.LayerInspection), new(corral.TemplateLayer)},
 	{"volume", new(volumeView), new(corral.Volume)},
 }
 
@@ -430,7 +431,7 @@ var requestPairs = []struct {
 	{"task change", new(govern.BudgetChange), func(ctx context.Context, c *corral.Client) {
 		c.ChangeTask(ctx, "task", *filled(new(corral.TaskChange)).(*corral.TaskChange))
 	}},
-	{"template build", new(sandbox.TemplateSpec), func(ctx context.Context, c *corral.Client) {
+	{"template build", new(registry.Spec), func(ctx context.Context, c *corral.Client) {
 		c.BuildTemplate(ctx, *filled(new(corral.TemplateSpec)).(*corral.TemplateSpec), nil)
 	}},
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -24,6 +23,7 @@ import (
 	"github.com/corralhq/corral/internal/runtime/runtimetest"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template/registry/registrytest"
 	pb "github.com/corralhq/corral/proto/process"
 	"github.com/corralhq/corral/proto/process/processconnect"
 )
@@ -40,15 +40,6 @@ type env struct {
 	srv *httptest.Server
 }
 
-type templates struct{ rootfs string }
-
-func (t templates) RootFS(name string) (string, error) {
-	if name != "base" {
-		return "", errors.New("no such template")
-	}
-	return t.rootfs, nil
-}
-
 func newEnv(t *testing.T, maxSandboxes int) *env {
 	t.Helper()
 	st, err := store.Open(filepath.Join(t.TempDir(), "corral.db"))
@@ -60,16 +51,17 @@ func newEnv(t *testing.T, maxSandboxes int) *env {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	d := runtimetest.New()
+	reg, _ := registrytest.New(t, st)
 	m := sandbox.New(sandbox.Config{
 		WatchInterval: 20 * time.Millisecond, KillGrace: time.Millisecond,
 		SnapshotDir: filepath.Join(t.TempDir(), "snapshots"), MemoryPressure: func() bool { return false },
 		Admission: govern.NewAdmission(govern.AdmissionConfig{MaxConcurrent: maxSandboxes, MaxPerAgent: maxSandboxes,
 			AgentRate: 1000, AgentBurst: 1000}),
-	}, st, d, templates{t.TempDir()}, log)
+	}, st, d, reg, log)
 	if err := m.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(api.New(api.Config{}, m, st, log))
+	srv := httptest.NewServer(api.New(api.Config{Templates: reg}, m, st, log))
 	t.Cleanup(func() {
 		srv.Close()
 		m.Shutdown(context.Background(), true)

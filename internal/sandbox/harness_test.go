@@ -2,7 +2,6 @@ package sandbox_test
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -13,6 +12,8 @@ import (
 	"github.com/corralhq/corral/internal/runtime/runtimetest"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template/registry"
+	"github.com/corralhq/corral/internal/template/registry/registrytest"
 )
 
 // harness is a Manager over a real SQLite store in a temporary directory
@@ -20,20 +21,11 @@ import (
 type harness struct {
 	t      *testing.T
 	st     *store.Store
+	reg    *registry.Registry
 	d      *runtimetest.Driver
 	m      *sandbox.Manager
 	cfg    sandbox.Config
 	rootfs string
-}
-
-// templates serves the one template "base" from a temporary directory.
-type templates struct{ rootfs string }
-
-func (t templates) RootFS(name string) (string, error) {
-	if name != "base" {
-		return "", errors.New("no such template")
-	}
-	return t.rootfs, nil
 }
 
 // testConfig is a Manager configuration for unit tests: a fast death
@@ -56,7 +48,8 @@ func newHarness(t *testing.T, cfg sandbox.Config) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, st: st, d: runtimetest.New(), cfg: cfg, rootfs: t.TempDir()}
+	reg, rootfs := registrytest.New(t, st)
+	h := &harness{t: t, st: st, reg: reg, d: runtimetest.New(), cfg: cfg, rootfs: rootfs}
 	h.m = h.open()
 	t.Cleanup(func() {
 		h.m.Shutdown(context.Background(), false)
@@ -72,7 +65,7 @@ func newHarness(t *testing.T, cfg sandbox.Config) *harness {
 // reconciles, as a server start does.
 func (h *harness) open() *sandbox.Manager {
 	h.t.Helper()
-	m := sandbox.New(h.cfg, h.st, h.d, templates{h.rootfs}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	m := sandbox.New(h.cfg, h.st, h.d, h.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := m.Reconcile(context.Background()); err != nil {
 		h.t.Fatalf("reconcile: %v", err)
 	}
