@@ -116,7 +116,7 @@ func New(o Options) (*Driver, error) {
 	return d, nil
 }
 
-func (d *Driver) dir(id string) string        { return filepath.Join(d.opts.StateDir, id) }
+func (d *Driver) dir(id string) string { return filepath.Join(d.opts.StateDir, id) }
 
 // held returns nil if the driver holds sandbox id (its directory exists:
 // Start makes it first, Stop removes it last), else an error wrapping
