@@ -27,6 +27,9 @@
 //   - adoption: a new driver instance over the same state (a control-plane
 //     restart) lists, dials, stats, resumes and stops the sandboxes the
 //     old one started, running and paused;
+//   - an OOM kill of an adopted sandbox is reported like one of a sandbox
+//     the instance started (once the new instance has read its Stats, as
+//     a control plane's watchdog does every second);
 //   - snapshot: the writable layer (a new file and a deleted template file)
 //     copied while running and while paused, leaving the sandbox as it
 //     was, and usable as Config.Layers of a new sandbox; an existing
@@ -97,6 +100,7 @@ func Run(t *testing.T, newSetup func(t *testing.T) Setup) {
 		{"OOM", testOOM},
 		{"PauseResume", testPauseResume},
 		{"Adopt", testAdopt},
+		{"AdoptOOM", testAdoptOOM},
 		{"Snapshot", testSnapshot},
 		{"Unknown", testUnknown},
 	}
@@ -395,6 +399,26 @@ func testOOM(t *testing.T, s Setup) {
 	res.MemoryBytes = 64 << 20
 	cfg := config(t, s, res)
 	_, a := start(t, d, cfg)
+	checkOOM(t, s, d, cfg, a)
+}
+
+// testAdoptOOM: a control plane restarted while a sandbox runs must still
+// learn that the sandbox's memory limit killed it, or it records the
+// death as an error.
+func testAdoptOOM(t *testing.T, s Setup) {
+	res := baseResources
+	res.MemoryBytes = 64 << 20
+	cfg := config(t, s, res)
+	start(t, s.Driver, cfg)
+	d := s.Restart(t)
+	t.Cleanup(func() { _ = d.Stop(context.Background(), cfg.ID, 0) })
+	checkOOM(t, s, d, cfg, newAgent(d, cfg.ID, cfg.AccessToken))
+}
+
+// checkOOM runs a memory hog in cfg's sandbox (64 MiB limit), checks that
+// d reports the kill, and stops the sandbox.
+func checkOOM(t *testing.T, s Setup, d runtime.Driver, cfg runtime.Config, a *agent) {
+	t.Helper()
 	before, err := d.Stats(cfg.ID)
 	if err != nil {
 		t.Fatal(err)

@@ -465,6 +465,9 @@ func (d *Driver) Stats(id string) (runtime.Stats, error) {
 		return s, fmt.Errorf("read cgroup of %s: %w", id, err)
 	}
 	s.OOMKills = max(s.OOMKills, seen)
+	if !watched {
+		d.adoptOOM(id, s.OOMKills)
+	}
 	s.MemoryBytes, _ = g.MemoryBytes()
 	s.Pids, _ = g.Pids()
 	s.CPUSeconds, s.CPUWaitSeconds, s.Time = d.cpu(id, g)
@@ -539,7 +542,6 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 		}
 		d.mu.Lock()
 		delete(d.exited, id)
-		delete(d.oom, id)
 		d.mu.Unlock()
 	}
 	dir := d.dir(id)
@@ -559,6 +561,11 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 			errs = append(errs, fmt.Errorf("remove sandbox dir: %w", err))
 		}
 	}
+	// After the directory is gone, so that a Stats racing this Stop
+	// cannot record the sandbox again (adoptOOM checks it under mu).
+	d.mu.Lock()
+	delete(d.oom, id)
+	d.mu.Unlock()
 	return errors.Join(errs...)
 }
 
