@@ -146,7 +146,8 @@ type Driver interface {
 	// kill at the memory limit since Start, including one that ended the
 	// whole sandbox (under gVisor the kernel kills the sandbox's one host
 	// process): it stays readable after the sandbox died, until Stop, so
-	// that the control plane can record why it ended.
+	// that the control plane can record why it ended. For a sandbox an
+	// instance adopted, that holds from the instance's first Stats of it.
 	Stats(id string) (Stats, error)
 	// Alive reports whether the sandbox's init process is still running
 	// (paused counts as alive).
