@@ -112,12 +112,23 @@ type Stats struct {
 	Time time.Time
 }
 
-// ErrNotFound is returned for a sandbox the driver does not hold.
+// ErrNotFound is returned (wrapped) for a sandbox the driver does not
+// hold: never started, or stopped.
 var ErrNotFound = errors.New("sandbox not found in runtime")
 
 // Driver starts and stops sandboxes. Implementations must make Stop total:
 // when it returns nil no process, mount, cgroup, namespace or file of the
 // sandbox is left on the host.
+//
+// Calls on a sandbox the driver does not hold (Dial, Stats, Pause,
+// Resume, NetNS, Processes, Snapshot) return an error wrapping
+// ErrNotFound; Stop of it returns nil and Alive false. A new instance of
+// a driver over the same state (a control plane restarted) holds the
+// sandboxes the old one started, running or paused: List has them and
+// every call works on them.
+//
+// Every driver must pass the conformance suite, package
+// runtime/drivertest (docs/ARCHITECTURE.md, "The driver contract").
 type Driver interface {
 	// Start creates and starts a sandbox and returns once its agent is
 	// accepting connections.
@@ -131,7 +142,12 @@ type Driver interface {
 	List(ctx context.Context) ([]string, error)
 	// Dial connects to the sandbox's agent.
 	Dial(ctx context.Context, id string) (net.Conn, error)
-	// Stats reads the sandbox's cgroup counters.
+	// Stats reads the sandbox's cgroup counters. OOMKills counts every
+	// kill at the memory limit since Start, including one that ended the
+	// whole sandbox (under gVisor the kernel kills the sandbox's one host
+	// process): it stays readable after the sandbox died, until Stop, so
+	// that the control plane can record why it ended. For a sandbox an
+	// instance adopted, that holds from the instance's first Stats of it.
 	Stats(id string) (Stats, error)
 	// Alive reports whether the sandbox's init process is still running
 	// (paused counts as alive).

@@ -116,7 +116,22 @@ func New(o Options) (*Driver, error) {
 	return d, nil
 }
 
-func (d *Driver) dir(id string) string        { return filepath.Join(d.opts.StateDir, id) }
+func (d *Driver) dir(id string) string { return filepath.Join(d.opts.StateDir, id) }
+
+// held returns nil if the driver holds sandbox id (its directory exists:
+// Start makes it first, Stop removes it last), else an error wrapping
+// runtime.ErrNotFound, as the Driver contract asks of every call on a
+// sandbox but Stop and Alive. A caller can then tell "no such sandbox"
+// from a failing runtime.
+func (d *Driver) held(id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("invalid sandbox id %q: %w", id, runtime.ErrNotFound)
+	}
+	if _, err := os.Lstat(d.dir(id)); errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	return nil
+}
 func (d *Driver) cgroupPath(id string) string { return CgroupParent + "/" + id }
 
 func (d *Driver) binary(rt runtime.Runtime) *runc.Runc {
@@ -349,8 +364,8 @@ func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{
 // checks it is a socket, and connects through /proc/self/fd, so no symlink
 // is ever followed. TestDialRefusesSymlinkedSocket is the regression test.
 func (d *Driver) Dial(ctx context.Context, id string) (net.Conn, error) {
-	if !idPattern.MatchString(id) {
-		return nil, runtime.ErrNotFound
+	if err := d.held(id); err != nil {
+		return nil, err
 	}
 	return dialNoFollow(ctx, filepath.Join(d.dir(id), "run", SocketName))
 }
@@ -374,6 +389,9 @@ func dialNoFollow(ctx context.Context, path string) (net.Conn, error) {
 
 // NetNS returns /proc/PID/ns/net of a runc sandbox's init.
 func (d *Driver) NetNS(ctx context.Context, id string) (string, error) {
+	if err := d.held(id); err != nil {
+		return "", err
+	}
 	if d.runtimeOf(id) == runtime.GVisor {
 		return "", errors.New("a gVisor sandbox's network is fixed when it starts")
 	}
@@ -406,6 +424,9 @@ func (d *Driver) Alive(id string) bool {
 
 // Pause freezes the sandbox with the cgroup freezer (runc/runsc pause).
 func (d *Driver) Pause(ctx context.Context, id string) error {
+	if err := d.held(id); err != nil {
+		return err
+	}
 	rc := d.binary(d.runtimeOf(id))
 	if err := rc.Pause(ctx, id); err != nil {
 		return fmt.Errorf("%s pause %s: %w", rc.Command, id, err)
@@ -415,6 +436,9 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 
 // Resume thaws a paused sandbox.
 func (d *Driver) Resume(ctx context.Context, id string) error {
+	if err := d.held(id); err != nil {
+		return err
+	}
 	rc := d.binary(d.runtimeOf(id))
 	if err := rc.Resume(ctx, id); err != nil {
 		return fmt.Errorf("%s resume %s: %w", rc.Command, id, err)
@@ -435,9 +459,15 @@ func (d *Driver) Stats(id string) (runtime.Stats, error) {
 			s.OOMKills = seen
 			return s, nil
 		}
+		if herr := d.held(id); herr != nil {
+			return s, herr
+		}
 		return s, fmt.Errorf("read cgroup of %s: %w", id, err)
 	}
 	s.OOMKills = max(s.OOMKills, seen)
+	if !watched {
+		d.adoptOOM(id, s.OOMKills)
+	}
 	s.MemoryBytes, _ = g.MemoryBytes()
 	s.Pids, _ = g.Pids()
 	s.CPUSeconds, s.CPUWaitSeconds, s.Time = d.cpu(id, g)
@@ -512,7 +542,6 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 		}
 		d.mu.Lock()
 		delete(d.exited, id)
-		delete(d.oom, id)
 		d.mu.Unlock()
 	}
 	dir := d.dir(id)
@@ -532,6 +561,11 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 			errs = append(errs, fmt.Errorf("remove sandbox dir: %w", err))
 		}
 	}
+	// After the directory is gone, so that a Stats racing this Stop
+	// cannot record the sandbox again (adoptOOM checks it under mu).
+	d.mu.Lock()
+	delete(d.oom, id)
+	d.mu.Unlock()
 	return errors.Join(errs...)
 }
 

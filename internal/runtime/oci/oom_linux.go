@@ -27,6 +27,10 @@ func (d *Driver) watchOOM(id string, exited <-chan struct{}) {
 			return false
 		}
 		d.mu.Lock()
+		if _, ok := d.oom[id]; !ok {
+			d.mu.Unlock()
+			return false // stopped
+		}
 		if event && n <= d.oom[id] {
 			n = d.oom[id] + 1
 		}
@@ -62,6 +66,25 @@ func (d *Driver) watchOOM(id string, exited <-chan struct{}) {
 			}
 		}
 	}
+}
+
+// adoptOOM starts watching the OOM kills of a sandbox this instance did
+// not start (it was adopted after a control-plane restart), from its first
+// Stats, which read n. Without it, a gVisor sandbox the OOM killer ended
+// would take its counter with its cgroup, and the control plane would
+// record the death as an error: TestConformance's AdoptOOM is the
+// regression test. The sandbox must still be held (checked under mu:
+// Stop removes the directory before it drops the entry), so a Stats
+// racing Stop leaves no watch behind.
+func (d *Driver) adoptOOM(id string, n uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.oom[id]; ok || d.held(id) != nil {
+		return
+	}
+	d.oom[id] = n
+	// No exit channel: the watch ends when the cgroup is gone.
+	go d.watchOOM(id, nil)
 }
 
 // registerOOMEvent asks cgroup v1 to signal an eventfd on OOM events of g.

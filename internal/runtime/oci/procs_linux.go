@@ -21,8 +21,8 @@ const clockTicks = 100
 // gVisor these are the sentry's and gofer's host processes, not the
 // sandboxed ones; the list says so by their commands.
 func (d *Driver) Processes(id string) ([]runtime.Process, error) {
-	if !idPattern.MatchString(id) {
-		return nil, fmt.Errorf("invalid sandbox id %q", id)
+	if err := d.held(id); err != nil {
+		return nil, err
 	}
 	pids, err := cgroups.Open(d.cgroupPath(id)).Procs()
 	if err != nil {

@@ -15,8 +15,8 @@ import (
 // ownership) to dst while the sandbox is frozen with the cgroup freezer.
 // dst must not exist; on failure nothing is left at dst.
 func (d *Driver) Snapshot(ctx context.Context, id, dst string) (int64, error) {
-	if !idPattern.MatchString(id) {
-		return 0, fmt.Errorf("invalid sandbox id %q", id)
+	if err := d.held(id); err != nil {
+		return 0, err
 	}
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("snapshot destination %s exists", dst)

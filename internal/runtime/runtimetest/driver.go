@@ -19,11 +19,10 @@
 //	d.OOM(sb.ID) // the watcher ends it with reason "oom"
 //
 // Where it differs from the real drivers: Stop ignores the grace (there
-// is nothing to SIGTERM); Stats, Dial, Pause, Resume, Processes, NetNS
-// and Snapshot of an id it does not hold fail with an error wrapping
-// runtime.ErrNotFound (the oci driver says so only for invalid ids);
-// NetNS always fails; a paused agent holds new requests but not the
-// processes already running.
+// is nothing to SIGTERM); NetNS always fails; a paused agent holds new
+// requests but not the processes already running. Like them, calls on an
+// id it does not hold fail wrapping runtime.ErrNotFound (the contract,
+// checked of the real drivers by runtime/drivertest).
 //
 // It is a test seam, not a sandbox: code that needs isolation, limits or
 // the real agent's behaviour is tested against the real drivers.
