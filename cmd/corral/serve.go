@@ -104,7 +104,7 @@ func serveFlags(o *serveOptions) *pflag.FlagSet {
 	f.StringVar(&cfg.DataDir, "data", server.DefaultDataDir, "data directory (database, admin key, sandbox state)")
 	f.StringVar(&cfg.TemplateCache, "template-cache", template.DefaultCache, "template build cache")
 	f.IntVar(&cfg.MaxOutput, "max-output", api.DefaultMaxOutput, "bytes of stdout and of stderr an exec call returns (the tail is kept)")
-	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", govern.DefaultMaxConcurrent, "maximum number of running sandboxes (global admission limit)")
+	f.IntVar(&cfg.Admission.MaxConcurrent, "max-sandboxes", govern.DefaultMaxConcurrent, "maximum number of running sandboxes (global admission limit)")
 	f.IntVar(&cfg.Admission.MaxPerAgent, "max-per-agent", govern.DefaultMaxPerAgent, "running sandboxes per named agent (sandboxes without an agent count only globally)")
 	f.Float64Var(&cfg.Admission.AgentRate, "agent-rate", govern.DefaultAgentRate, "sandbox creates per second per named agent (token bucket)")
 	f.IntVar(&cfg.Admission.AgentBurst, "agent-burst", govern.DefaultAgentBurst, "burst of creates per named agent")

@@ -177,7 +177,7 @@ cpu-runaway-action = "command"
 	}{
 		{name: "file sets values", args: []string{"--config", good}, check: func(t *testing.T, o *serveOptions) {
 			c := o.cfg
-			if c.Listen != "127.0.0.1:9999" || c.DataDir != "/srv/corral" || c.MaxSandboxes != 40 || c.Admission.AgentRate != 2.5 ||
+			if c.Listen != "127.0.0.1:9999" || c.DataDir != "/srv/corral" || c.Admission.MaxConcurrent != 40 || c.Admission.AgentRate != 2.5 ||
 				c.KillGrace != 5*time.Second || !c.RefuseEnvSecrets || c.EgressLimits.MaxBytes != 4<<30 ||
 				c.NetworkRange != netip.MustParsePrefix("10.202.0.0/16") || c.RunawayAction != "command" || o.logLevel.String() != "DEBUG" {
 				t.Errorf("config from file: %+v, log level %v", c, o.logLevel)
@@ -187,19 +187,19 @@ cpu-runaway-action = "command"
 			}
 		}},
 		{name: "flag overrides file", args: []string{"--config", good, "--max-sandboxes", "60", "--kill-grace=1s"}, check: func(t *testing.T, o *serveOptions) {
-			if o.cfg.MaxSandboxes != 60 || o.cfg.KillGrace != time.Second || o.cfg.Listen != "127.0.0.1:9999" {
-				t.Errorf("max-sandboxes %d kill-grace %v listen %s, want 60 1s 127.0.0.1:9999", o.cfg.MaxSandboxes, o.cfg.KillGrace, o.cfg.Listen)
+			if o.cfg.Admission.MaxConcurrent != 60 || o.cfg.KillGrace != time.Second || o.cfg.Listen != "127.0.0.1:9999" {
+				t.Errorf("max-sandboxes %d kill-grace %v listen %s, want 60 1s 127.0.0.1:9999", o.cfg.Admission.MaxConcurrent, o.cfg.KillGrace, o.cfg.Listen)
 			}
 		}},
 		{name: "env overrides file, flag overrides env", args: []string{"--data", "/flag"},
 			env: env{"CORRAL_CONFIG": good, "CORRAL_LISTEN": "127.0.0.1:1111", "CORRAL_DATA": "/env", "CORRAL_LOG_LEVEL": "warn"},
 			check: func(t *testing.T, o *serveOptions) {
-				if o.cfg.Listen != "127.0.0.1:1111" || o.cfg.DataDir != "/flag" || o.logLevel.String() != "WARN" || o.cfg.MaxSandboxes != 40 {
-					t.Errorf("listen %s data %s level %v max-sandboxes %d", o.cfg.Listen, o.cfg.DataDir, o.logLevel, o.cfg.MaxSandboxes)
+				if o.cfg.Listen != "127.0.0.1:1111" || o.cfg.DataDir != "/flag" || o.logLevel.String() != "WARN" || o.cfg.Admission.MaxConcurrent != 40 {
+					t.Errorf("listen %s data %s level %v max-sandboxes %d", o.cfg.Listen, o.cfg.DataDir, o.logLevel, o.cfg.Admission.MaxConcurrent)
 				}
 			}},
 		{name: "no file: defaults", check: func(t *testing.T, o *serveOptions) {
-			if o.cfg.MaxSandboxes != 10 || o.cfg.Listen != "127.0.0.1:7420" || o.cfg.KillGrace != 3*time.Second {
+			if o.cfg.Admission.MaxConcurrent != 10 || o.cfg.Listen != "127.0.0.1:7420" || o.cfg.KillGrace != 3*time.Second {
 				t.Errorf("defaults: %+v", o.cfg)
 			}
 		}},

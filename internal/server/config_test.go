@@ -36,7 +36,7 @@ func TestValidateBounds(t *testing.T) {
 		{"task-max-tokens over", func(c *Config) { c.Budgets.MaxTokens = govern.MaxTokensCeiling + 1 }, "task-max-tokens 1099511627777: must be 0..1099511627776"},
 		{"task-max-sandboxes negative", func(c *Config) { c.Budgets.MaxSandboxes = -1 }, "task-max-sandboxes -1: must be 0..1000"},
 		{"task-max-cpu NaN", func(c *Config) { c.Budgets.MaxCPUSeconds = math.NaN() }, "task-max-cpu NaN: must be 0..1e+07"},
-		{"max-sandboxes negative", func(c *Config) { c.MaxSandboxes = -1 }, "max-sandboxes -1: must not be negative"},
+		{"max-sandboxes negative", func(c *Config) { c.Admission.MaxConcurrent = -1 }, "max-sandboxes -1: must not be negative"},
 		{"max-output negative", func(c *Config) { c.MaxOutput = -1 }, "max-output -1: must not be negative"},
 		{"agent-rate infinite", func(c *Config) { c.Admission.AgentRate = math.Inf(1) }, "agent-rate +Inf: must be a finite number"},
 		{"agent-rate negative", func(c *Config) { c.Admission.AgentRate = -0.5 }, "agent-rate -0.5: must not be negative"},
@@ -78,7 +78,7 @@ func TestValidateBounds(t *testing.T) {
 // TestValidateReportsAll defends against fixing a configuration one
 // restart at a time: every out-of-range setting is named in one error.
 func TestValidateReportsAll(t *testing.T) {
-	c := Config{KillGrace: time.Hour, MaxSandboxes: -1, Loop: govern.LoopConfig{Window: 1000}}
+	c := Config{KillGrace: time.Hour, Admission: govern.AdmissionConfig{MaxConcurrent: -1}, Loop: govern.LoopConfig{Window: 1000}}
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("accepted")

@@ -57,9 +57,6 @@ type Config struct {
 	TemplateCache string
 	// MaxOutput bounds stdout/stderr returned by exec (default 1 MiB each).
 	MaxOutput int
-	// MaxSandboxes caps running sandboxes: it is the default of
-	// Admission.MaxConcurrent (0: govern.DefaultMaxConcurrent, 10).
-	MaxSandboxes int
 	// KillGrace is the time between SIGTERM and SIGKILL when a sandbox is
 	// killed (default 3 s).
 	KillGrace time.Duration
@@ -108,8 +105,9 @@ type Config struct {
 	Budgets govern.Defaults
 	// Loop tunes loop detection (zero fields: defaults).
 	Loop govern.LoopConfig
-	// Admission limits concurrent sandboxes globally and per agent; its
-	// MaxConcurrent defaults to MaxSandboxes.
+	// Admission limits concurrent sandboxes globally (MaxConcurrent, the
+	// max-sandboxes flag; 0: govern.DefaultMaxConcurrent, 10) and per
+	// agent.
 	Admission govern.AdmissionConfig
 	// Watchdog tunes the sampler (zero fields: defaults).
 	Watchdog watchdog.Config
@@ -178,7 +176,7 @@ const (
 func (c *Config) Validate() error {
 	errs := []error{
 		nonNegative("max-output", c.MaxOutput),
-		nonNegative("max-sandboxes", c.MaxSandboxes),
+		nonNegative("max-sandboxes", c.Admission.MaxConcurrent),
 		nonNegative("max-per-agent", c.Admission.MaxPerAgent),
 		nonNegative("agent-rate", c.Admission.AgentRate),
 		nonNegative("agent-burst", c.Admission.AgentBurst),
@@ -374,9 +372,6 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	var mgr *sandbox.Manager
-	if cfg.Admission.MaxConcurrent == 0 {
-		cfg.Admission.MaxConcurrent = cfg.MaxSandboxes
-	}
 	adm := govern.NewAdmission(cfg.Admission)
 	met := metrics.New(metrics.Config{
 		Sandboxes: func(ctx context.Context) (map[string]int, error) { return st.CountSandboxes(ctx) },

@@ -72,7 +72,7 @@ func TestCPURunawayBusyHost(t *testing.T) {
 	spinners := 2*goruntime.NumCPU() + 1
 	s := startGovServer(t, "runaway-busy", func(c *server.Config) {
 		c.Watchdog = watchdog.Config{CPURunawayFor: period}
-		c.MaxSandboxes = spinners + 10
+		c.Admission.MaxConcurrent = spinners + 10
 	})
 	wd := s.ts.Srv.Manager.Watchdog()
 	ctx := context.Background()

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/server"
 	"github.com/corralhq/corral/internal/watchdog"
@@ -80,7 +81,7 @@ func StartWith(cmdDir string, level slog.Level, configure func(*server.Config)) 
 	cfg := server.Config{
 		IDFiles: ids,
 		DataDir: s.DataDir, AgentBinary: s.Bin, Progress: os.Stderr, MaxOutput: 64 << 10,
-		KillOnShutdown: true, MaxSandboxes: 20,
+		KillOnShutdown: true, Admission: govern.AdmissionConfig{MaxConcurrent: 20},
 		// Some attack tests burn CPU for longer than the default 30 s
 		// runaway limit under gVisor's ptrace platform; the watchdog's
 		// rule has its own test with its own server.
