@@ -16,11 +16,12 @@ import (
 	"github.com/corralhq/corral/internal/store"
 )
 
-// End reasons of sandboxes stopped by a brake.
+// End reasons of sandboxes stopped by a brake. A tripped task's reasons
+// are its breaker codes, defined once in govern.
 const (
-	EndBudget     = "budget_exhausted"
-	EndLoop       = "loop_detected"
-	EndTaskEnded  = "task_ended"
+	EndBudget     = govern.CodeBudgetExhausted
+	EndLoop       = govern.CodeLoopDetected
+	EndTaskEnded  = govern.CodeTaskEnded
 	EndCPURunaway = "cpu_runaway"
 )
 
