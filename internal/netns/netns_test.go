@@ -8,8 +8,10 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -185,8 +187,8 @@ func TestCreateRedirectRemove(t *testing.T) {
 	if n := countRules(t, m, "sbxone"); n != 0 {
 		t.Fatalf("%d rules of sbxone left", n)
 	}
-	if n := countRules(t, m, "sbxtwo"); n != 1 {
-		t.Fatalf("sbxtwo has %d rules, want 1", n)
+	if n := countRules(t, m, "sbxtwo"); n != sandboxRules {
+		t.Fatalf("sbxtwo has %d rules, want %d", n, sandboxRules)
 	}
 
 	if err := m.Close(); err != nil {
@@ -236,8 +238,8 @@ func TestAdoptKeepsLiveAndRemovesDead(t *testing.T) {
 	if _, err := os.Stat(dead.NSPath); !os.IsNotExist(err) {
 		t.Fatal("dead sandbox's namespace file survived Adopt")
 	}
-	if n := countRules(t, m2, "live"); n != 1 {
-		t.Fatalf("live has %d rules after adopt, want 1", n)
+	if n := countRules(t, m2, "live"); n != sandboxRules {
+		t.Fatalf("live has %d rules after adopt, want %d", n, sandboxRules)
 	}
 	if err := m2.Close(); err != nil {
 		t.Fatal(err)
@@ -263,6 +265,10 @@ func TestConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// sandboxRules is the number of rules tagged with a sandbox's id: its
+// anti-spoofing rule and its DNS packet limit.
+const sandboxRules = 2
 
 func countRules(t *testing.T, m *Manager, id string) int {
 	t.Helper()
@@ -330,7 +336,99 @@ func TestEnsureRestoresTable(t *testing.T) {
 	if restored, err := m.Ensure(); err != nil || !restored {
 		t.Fatalf("Ensure after the table was deleted: %v %v", restored, err)
 	}
-	if n := countRules(t, m, "kept"); n != 1 {
-		t.Fatalf("kept has %d rules after the restore, want 1", n)
+	if n := countRules(t, m, "kept"); n != sandboxRules {
+		t.Fatalf("kept has %d rules after the restore, want %d", n, sandboxRules)
 	}
+}
+
+// TestDNSFloodLimitedPerSandbox defends the other sandboxes' name
+// resolution against a DNS flood that does not wait for answers: the
+// packets one sandbox sends to the DNS filter beyond DNSPacketBurst plus
+// DNSPacketRate a second are dropped in the kernel, so they never reach
+// the filter's shared socket, while a second sandbox's queries sent right
+// after the flood all arrive.
+func TestDNSFloodLimitedPerSandbox(t *testing.T) {
+	tn := newTestManager(t)
+	flooder, err := tn.m.Create("flooder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := tn.m.Create("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Count what reaches the listener, by sender address.
+	got := map[string]int{}
+	var mu sync.Mutex
+	done := make(chan struct{})
+	if uc, ok := tn.dns.(*net.UDPConn); ok {
+		_ = uc.SetReadBuffer(8 << 20)
+	}
+	go func() {
+		defer close(done)
+		buf := make([]byte, 64)
+		for {
+			_, from, err := tn.dns.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			host, _, _ := net.SplitHostPort(from.String())
+			mu.Lock()
+			got[host]++
+			mu.Unlock()
+		}
+	}()
+	const flood = 20000
+	start := time.Now()
+	inNS(t, flooder.NSPath, func() {
+		c, err := net.Dial("udp4", tn.m.DNSServer().String()+":53")
+		if err != nil {
+			t.Errorf("dial dns: %v", err)
+			return
+		}
+		defer c.Close()
+		for i := 0; i < flood; i++ {
+			c.Write([]byte("q"))
+		}
+	})
+	elapsed := time.Since(start)
+	const queries = 50
+	inNS(t, other.NSPath, func() {
+		c, err := net.Dial("udp4", tn.m.DNSServer().String()+":53")
+		if err != nil {
+			t.Errorf("dial dns: %v", err)
+			return
+		}
+		defer c.Close()
+		for i := 0; i < queries; i++ {
+			c.Write([]byte("q"))
+		}
+	})
+	// Wait until the other sandbox's queries have all arrived (or a
+	// generous deadline passed), then stop reading.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		n := got[other.Addr.String()]
+		mu.Unlock()
+		if n >= queries {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // let packets already queued land
+	tn.dns.SetReadDeadline(time.Now())
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if n := got[other.Addr.String()]; n != queries {
+		t.Errorf("the other sandbox's queries that arrived: %d of %d", n, queries)
+	}
+	// The limit lets through the burst plus the rate over the time the
+	// flood took (a second of slack for the token bucket's granularity).
+	allowed := DNSPacketBurst + int(float64(DNSPacketRate)*(elapsed.Seconds()+1))
+	if n := got[flooder.Addr.String()]; n == 0 || n > allowed || n >= flood {
+		t.Errorf("the flooder's packets that arrived: %d of %d sent in %v; want 1..%d", n, flood, elapsed, allowed)
+	}
+	t.Logf("flooder: %d of %d packets arrived in %v (bound %d); other: %d of %d", got[flooder.Addr.String()], flood, elapsed, allowed, got[other.Addr.String()], queries)
 }

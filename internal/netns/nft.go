@@ -120,8 +120,22 @@ func (m *Manager) deleteTable() error {
 	return nil
 }
 
-// addSandboxRules adds the anti-spoofing rule of one sandbox: packets from
-// its interface must carry its address. The rule is tagged with the id.
+// DNSPacketRate and DNSPacketBurst bound the UDP DNS packets one sandbox
+// can send to the DNS filter (packets per second, and the burst above
+// that rate); the excess is dropped in the kernel.
+const (
+	DNSPacketRate  = 1000
+	DNSPacketBurst = 2000
+)
+
+// addSandboxRules adds the rules of one sandbox, tagged with its id: the
+// anti-spoofing rule (packets from its interface must carry its address)
+// and its DNS packet limit. The limit defends the other sandboxes' name
+// resolution against a flood that does not wait for answers: the DNS
+// filter's one UDP socket is shared, and without a per-sandbox bound in
+// the kernel one sandbox's packets could fill its receive buffer so that
+// everyone else's queries are dropped before the filter's own per-sandbox
+// rate limit ever sees them.
 func (m *Manager) addSandboxRules(id, hostIf string, addr netip.Addr) error {
 	c, err := nftables.New()
 	if err != nil {
@@ -139,6 +153,16 @@ func (m *Manager) addSandboxRules(id, hostIf string, addr netip.Addr) error {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: a4[:]},
 		&expr.Verdict{Kind: expr.VerdictDrop},
 	}})
+	dnsLimit := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(hostIf)},
+	}
+	dnsLimit = append(dnsLimit, l4(unix.IPPROTO_UDP)...)
+	dnsLimit = append(dnsLimit, dport(m.cfg.DNSPort)...)
+	dnsLimit = append(dnsLimit,
+		&expr.Limit{Type: expr.LimitTypePkts, Rate: DNSPacketRate, Unit: expr.LimitTimeSecond, Burst: DNSPacketBurst, Over: true},
+		&expr.Verdict{Kind: expr.VerdictDrop})
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, UserData: []byte(id), Exprs: dnsLimit})
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("netns: add rules for %s: %w", id, err)
 	}

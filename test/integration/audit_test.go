@@ -21,6 +21,7 @@ import (
 
 	corralaudit "github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/netns"
 	"github.com/corralhq/corral/internal/server"
 	corral "github.com/corralhq/corral/sdk/go"
 	"github.com/corralhq/corral/test/testserver"
@@ -131,8 +132,10 @@ func testAuditEgressTask(t *testing.T, fx *netFixture) {
 
 // floodScript sends argv[1] DNS A queries for refused names to the
 // sandbox's name server (corral's DNS filter on the host, from
-// /etc/resolv.conf) from argv[2] processes, each waiting up to 1 s for
-// each answer, and prints "answered N" per process.
+// /etc/resolv.conf) from argv[2] processes as fast as they can, without
+// waiting for answers (the flood that hurts others most), counts the
+// answers that come back (draining them as it goes, then for up to 1 s of
+// silence after the last query) and prints "answered N" per process.
 const floodScript = `import os, socket, struct, sys
 ns = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]
 total, workers = int(sys.argv[1]), int(sys.argv[2])
@@ -146,18 +149,32 @@ for w in range(workers):
         kids.append(pid)
         continue
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(1)
     s.connect((ns, 53))
+    s.setblocking(False)
     ok = 0
-    for i in range(total // workers):
-        s.send(query(i, 'flood-%d.blocked.test' % (i % 7)))
+    def drain():
+        global ok
         try:
             while True:
-                if s.recv(4096)[:2] == struct.pack('>H', i & 0xffff):
-                    ok += 1
-                    break
-        except socket.timeout:
+                s.recv(4096)
+                ok += 1
+        except (BlockingIOError, ConnectionRefusedError):
             pass
+    for i in range(total // workers):
+        try:
+            s.send(query(i, 'flood-%d.blocked.test' % (i % 7)))
+        except (BlockingIOError, ConnectionRefusedError):
+            pass
+        if i % 64 == 0:
+            drain()
+    s.setblocking(True)
+    s.settimeout(1)
+    try:
+        while True:
+            s.recv(4096)
+            ok += 1
+    except (socket.timeout, ConnectionRefusedError):
+        pass
     os.write(1, b'answered %d\n' % ok)
     os._exit(0)
 for pid in kids:
@@ -165,7 +182,8 @@ for pid in kids:
 `
 
 // testAuditFlood: a sandbox sends 100 000 DNS queries for refused names
-// (a looping agent, or DNS exfiltration by brute force). Before, each was
+// as fast as it can (a looping agent, or DNS exfiltration by brute
+// force); the kernel drops what exceeds the sandbox's DNS packet limit. Before, each was
 // an audit event and a log line, so the flood filled the audit log (and
 // the queue all sandboxes' events share) with 100 000 events. Now the
 // flooding sandbox's events stay bounded — at most
@@ -234,8 +252,14 @@ func testAuditFlood(t *testing.T, fx *netFixture) {
 	}
 	t.Logf("flood: %d of %d queries answered in %v from %d processes; the other sandbox did %d rounds meanwhile (slowest %v)",
 		answered, queries, took.Round(time.Millisecond), workers, rounds, slowest.Round(time.Millisecond))
-	if answered < queries/2 {
-		t.Fatalf("only %d of %d flood queries answered: the filter did not serve the flood", answered, queries)
+	// The kernel lets netns.DNSPacketBurst queries plus netns.DNSPacketRate
+	// a second through to the filter; the rest are dropped before it (and
+	// answers the flooder is too busy to read are lost on its side). What
+	// was answered must be far more than the summariser records one by
+	// one, so that the bound below proves the summaries.
+	if min := 4 * egress.DefaultSummaryAfter; answered < min || answered >= queries {
+		t.Fatalf("%d of %d flood queries answered: want at least %d (the filter served the flood) and fewer than all (the kernel's per-sandbox DNS limit of %d a second, burst %d)",
+			answered, queries, min, netns.DNSPacketRate, netns.DNSPacketBurst)
 	}
 	// Ending the sandbox ends its summary window.
 	if _, err := s.c.Kill(context.Background(), flooder.ID); err != nil {
