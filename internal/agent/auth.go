@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/corralhq/corral/proto/agentproto"
 )
 
 // Access-token errors, worded as envd words them (the e2b tests assert them).
@@ -30,7 +32,7 @@ func (s *Server) authMiddleware(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		hdr := r.Header.Get("X-Access-Token")
+		hdr := r.Header.Get(agentproto.AccessTokenHeader)
 		if r.URL.Path == "/files" && (r.Method == http.MethodGet || r.Method == http.MethodPost) {
 			if hdr != "" {
 				if !s.tokenOK(hdr) {

@@ -7,12 +7,12 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/corralhq/corral/proto/agentproto"
 )
 
-// PortUpgrade is the Upgrade token of the agent's port tunnel.
-const PortUpgrade = "corral-tcp"
-
-// handlePort serves GET /port/{port} with "Upgrade: corral-tcp": it dials
+// handlePort serves GET /port/{port} with "Upgrade: corral-tcp"
+// (agentproto.PortPath, agentproto.PortUpgrade): it dials
 // 127.0.0.1:port inside the sandbox's network namespace and splices the
 // hijacked connection to it. This is how the control plane reaches a
 // server started in a sandbox that has no network interface at all: the
@@ -24,8 +24,8 @@ func (s *Server) handlePort(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, "port must be 1..65535")
 		return
 	}
-	if r.Header.Get("Upgrade") != PortUpgrade {
-		writeJSONError(w, http.StatusBadRequest, "expected Upgrade: "+PortUpgrade)
+	if r.Header.Get("Upgrade") != agentproto.PortUpgrade {
+		writeJSONError(w, http.StatusBadRequest, "expected Upgrade: "+agentproto.PortUpgrade)
 		return
 	}
 	up, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), 5*time.Second)
@@ -46,7 +46,7 @@ func (s *Server) handlePort(w http.ResponseWriter, r *http.Request) {
 	}
 	defer conn.Close()
 	defer up.Close()
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+PortUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+agentproto.PortUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
 		return
 	}
 	var wg sync.WaitGroup

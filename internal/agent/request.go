@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
+	"github.com/corralhq/corral/proto/agentproto"
 )
 
 // users reads the account files.
@@ -21,7 +22,7 @@ func (s *Server) users() (*userDB, error) {
 func (s *Server) rpcUser(h http.Header) (*user, *userDB, error) {
 	name := s.cfg.DefaultUser
 	if a := h.Get("Authorization"); a != "" {
-		enc, ok := strings.CutPrefix(a, "Basic ")
+		enc, ok := strings.CutPrefix(a, agentproto.UserAuthScheme)
 		if !ok {
 			return nil, nil, connect.NewError(connect.CodeUnauthenticated, errors.New("invalid authorization header"))
 		}

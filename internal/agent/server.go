@@ -17,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
+	"github.com/corralhq/corral/proto/agentproto"
 	"github.com/corralhq/corral/proto/filesystem/filesystemconnect"
 	"github.com/corralhq/corral/proto/process/processconnect"
 )
@@ -128,7 +129,7 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /files", s.handleDownload)
 	mux.HandleFunc("POST /files", s.handleUpload)
-	mux.HandleFunc("GET /port/{port}", s.handlePort)
+	mux.HandleFunc("GET "+agentproto.PortPath+"{port}", s.handlePort)
 	return s.authMiddleware(s.asFileUser(mux))
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/corralhq/corral/internal/agentclient"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/proto/process"
@@ -51,7 +52,7 @@ func newAgentProxy(mgr *sandbox.Manager, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	path, h := processconnect.NewProcessHandler(&processRelay{mgr: mgr}, connect.WithReadMaxBytes(1<<20))
 	mux.Handle(path, h)
-	target, _ := url.Parse(sandbox.AgentURL)
+	target, _ := url.Parse(agentclient.BaseURL)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)

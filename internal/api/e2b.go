@@ -16,9 +16,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corralhq/corral/internal/agentclient"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/proto/agentproto"
 )
 
 // E2B compatibility (docs/e2b.md): the REST
@@ -575,7 +577,7 @@ func (s *Server) e2bEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	ctx := withSandboxID(r.Context(), id)
-	switch got := r.Header.Get("X-Access-Token"); {
+	switch got := r.Header.Get(agentproto.AccessTokenHeader); {
 	case r.URL.Path == "/health":
 	case got != "":
 		if !sameSecret(got, token) {
@@ -583,7 +585,7 @@ func (s *Server) e2bEnvd(w http.ResponseWriter, r *http.Request, id string) {
 			return
 		}
 	case r.URL.Path == "/files":
-		ctx = sandbox.WithoutToken(ctx) // the agent checks the signature
+		ctx = agentclient.WithoutToken(ctx) // the agent checks the signature
 	default:
 		e2bError(w, http.StatusUnauthorized, e2bUnauthorized)
 		return
@@ -644,7 +646,7 @@ func (s *Server) e2bSignedFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	r2 := r.Clone(sandbox.WithoutToken(withIdentity(withSandboxID(r.Context(), id), Identity{Kind: CredSandbox, SandboxID: id})))
+	r2 := r.Clone(agentclient.WithoutToken(withIdentity(withSandboxID(r.Context(), id), Identity{Kind: CredSandbox, SandboxID: id})))
 	s.stripCredentials(r2, true)
 	s.agent.ServeHTTP(w, r2)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/corralhq/corral/internal/agentclient"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/output"
 	"github.com/corralhq/corral/internal/sandbox"
@@ -119,7 +120,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	stdout, stderr := &output.Tail{Max: s.cfg.MaxOutput}, &output.Tail{Max: s.cfg.MaxOutput}
 	for {
 		msg, err := p.Receive()
-		if isCallerError(err) || errors.Is(err, sandbox.ErrAgentReply) {
+		if isCallerError(err) || errors.Is(err, agentclient.ErrReply) {
 			s.writeAgentErr(w, r, err)
 			return
 		}
@@ -241,7 +242,7 @@ func (s *Server) writeAgentErr(w http.ResponseWriter, r *http.Request, err error
 		s.writeErr(w, r, err)
 		return
 	}
-	if errors.Is(err, sandbox.ErrAgentReply) {
+	if errors.Is(err, agentclient.ErrReply) {
 		// The message is ours (a size or an encoding), never the agent's.
 		s.log.Warn("agent reply refused", "sandbox", r.PathValue("id"), "err", err)
 		writeError(w, http.StatusBadGateway, CodeAgentReply, agentReplyMessage(err))
@@ -274,8 +275,8 @@ func (s *Server) writeAgentErr(w http.ResponseWriter, r *http.Request, err error
 // control plane wrote (connect-go's wrapping around it is dropped).
 func agentReplyMessage(err error) string {
 	msg := err.Error()
-	if i := strings.Index(msg, sandbox.ErrAgentReply.Error()); i >= 0 {
+	if i := strings.Index(msg, agentclient.ErrReply.Error()); i >= 0 {
 		return msg[i:]
 	}
-	return sandbox.ErrAgentReply.Error()
+	return agentclient.ErrReply.Error()
 }

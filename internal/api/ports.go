@@ -11,7 +11,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/corralhq/corral/internal/agentclient"
 	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/proto/agentproto"
 )
 
 type portKey struct{}
@@ -46,7 +48,7 @@ func newPortProxy(mgr *sandbox.Manager, log *slog.Logger) http.Handler {
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t, _ := r.Context().Value(portKey{}).(portTarget)
-			var pe *sandbox.PortError
+			var pe *agentclient.PortError
 			if errors.As(err, &pe) {
 				writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": t.id,
 					"message": "nothing listens on port " + strconv.Itoa(t.port) + " in the sandbox", "code": 502, "port": t.port})
@@ -81,7 +83,7 @@ func (s *Server) sandboxPort(w http.ResponseWriter, r *http.Request, id string, 
 // Authorization values, an app's own, pass.
 func (s *Server) stripCredentials(r *http.Request, anyBearer bool) {
 	r.Header.Del("X-API-Key")
-	r.Header.Del("X-Access-Token")
+	r.Header.Del(agentproto.AccessTokenHeader)
 	for _, a := range r.Header.Values("Authorization") {
 		tok, ok := bearerToken(a)
 		if !ok {

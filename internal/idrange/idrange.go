@@ -51,6 +51,11 @@ const (
 	Owner = "corral"
 )
 
+// SandboxUser is the uid and gid of "user", the unprivileged account of
+// corral's templates (internal/template's recipe creates it), inside a
+// sandbox: host id Base+SandboxUser.
+const SandboxUser = 1000
+
 // LegacyBase is the base every corral before configurable ranges used;
 // a data dir with no recorded range was made with it.
 const LegacyBase = 100000

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corralhq/corral/internal/agentclient"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/store"
 )
@@ -157,7 +158,7 @@ func (m *Manager) archive(t *store.Task, id string) {
 }
 
 func fetchArtifact(ctx context.Context, c *http.Client, path, dst string) (int64, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent/files?path="+url.QueryEscape(path)+"&username=root", nil)
+	req, err := http.NewRequestWithContext(ctx, "GET", agentclient.BaseURL+"/files?path="+url.QueryEscape(path)+"&username=root", nil)
 	if err != nil {
 		return 0, err
 	}

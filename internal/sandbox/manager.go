@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"regexp"
 	"slices"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/corralhq/corral/internal/agentclient"
 	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/gateway"
@@ -166,7 +168,7 @@ type Manager struct {
 	// FindByToken.
 	signers atomic.Pointer[[]signer]
 
-	clients agentClients
+	clients agentclient.Cache
 
 	// netMu serialises network changes (SetNetwork, RefreshSecrets).
 	netMu sync.Mutex
@@ -1205,7 +1207,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 }
 
 // Dial connects to a running sandbox's agent.
-func (m *Manager) Dial(ctx context.Context, id string) (netConn, error) {
+func (m *Manager) Dial(ctx context.Context, id string) (net.Conn, error) {
 	if !m.Running(id) {
 		return nil, ErrNotFound
 	}

@@ -415,7 +415,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		OnTrip: func(t *store.Task) { mgr.OnTrip(t) }}, st)
 	// Volumes need loop devices and mkfs.ext4; without them the server
 	// runs and volume calls fail with a clear error.
-	vols, err := volume.New(filepath.Join(cfg.DataDir, "volumes"), int(ids.Base)+1000, int(ids.Base))
+	vols, err := volume.New(filepath.Join(cfg.DataDir, "volumes"), int(ids.Base)+idrange.SandboxUser, int(ids.Base))
 	if err != nil {
 		cfg.Log.Warn("volumes unavailable", "err", err)
 		vols = nil

@@ -75,7 +75,7 @@ const (
 	MaxDepth = 16
 	// DefaultUID and DefaultGID own files and directories created without
 	// uid or gid: the sandbox user "user" of corral's templates.
-	DefaultUID, DefaultGID = 1000, 1000
+	DefaultUID, DefaultGID = idrange.SandboxUser, idrange.SandboxUser
 	// MaxID is the largest sandbox uid or gid the API accepts.
 	MaxID = idrange.Count - 1
 	// OverflowID is reported for an owner on disk that is not a shifted

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/corralhq/corral/internal/cgroups"
+	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/runtime"
 )
 
@@ -77,7 +78,7 @@ func readProc(pid int, page int64, uidBase int) (runtime.Process, error) {
 	switch p.UID {
 	case 0:
 		p.User = "root"
-	case 1000:
+	case idrange.SandboxUser:
 		p.User = "user"
 	default:
 		p.User = strconv.Itoa(p.UID)

@@ -1,6 +1,6 @@
 //go:build race
 
-package sandbox
+package agentclient
 
 // raceEnabled: the race detector makes sync.Pool drop items at random,
 // so allocation counts measured in its builds say nothing about the

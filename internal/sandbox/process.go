@@ -1,120 +1,33 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/corralhq/corral/internal/agentclient"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/proto/process"
 	"github.com/corralhq/corral/proto/process/processconnect"
 )
 
-// AgentURL is the base URL used for requests to a sandbox's agent; the
-// host part is ignored, connections go over the sandbox's socket.
-const AgentURL = "http://agent"
-
-type lifetimeKey struct{}
-
-// WithLifetime returns a context that makes agent requests carry a
-// Connect-Timeout-Ms header of d without giving the request itself a
-// deadline: the agent kills the process when d elapses and still delivers
-// its end event. (connect-go drops protocol headers set by callers.)
-func WithLifetime(ctx context.Context, d time.Duration) context.Context {
-	return context.WithValue(ctx, lifetimeKey{}, d)
-}
-
-type noTokenKey struct{}
-
-// WithoutToken returns a context whose agent requests do not carry the
-// sandbox's access token, so that the agent itself checks the caller's
-// own credential (a signed /files URL).
-func WithoutToken(ctx context.Context) context.Context {
-	return context.WithValue(ctx, noTokenKey{}, true)
-}
-
-// agentTransport authenticates requests to a sandbox's agent with its
-// access token and sets Connect-Timeout-Ms from the request's context.
-type agentTransport struct {
-	next  http.RoundTripper
-	token string
-}
-
-func (t agentTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	if skip, _ := r.Context().Value(noTokenKey{}).(bool); skip {
-		r.Header.Del("X-Access-Token")
-	} else if t.token != "" {
-		r.Header.Set("X-Access-Token", t.token)
-	}
-	if d, ok := r.Context().Value(lifetimeKey{}).(time.Duration); ok && d > 0 {
-		ms := d.Milliseconds()
-		if ms < 1 {
-			ms = 1
-		}
-		r.Header.Set("Connect-Timeout-Ms", strconv.FormatInt(ms, 10))
-	}
-	return t.next.RoundTrip(r)
-}
-
-type agentClients struct {
-	mu sync.Mutex
-	// byID caches one HTTP client per sandbox; guarded by mu.
-	byID map[string]*http.Client
-}
-
 // AgentHTTP returns an HTTP client whose connections reach the agent of
-// sandbox id (use with AgentURL).
+// sandbox id (use with agentclient.BaseURL).
 func (m *Manager) AgentHTTP(id string) *http.Client {
-	m.clients.mu.Lock()
-	defer m.clients.mu.Unlock()
-	if c, ok := m.clients.byID[id]; ok {
-		return c
-	}
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return m.Dial(ctx, id)
-		},
-		MaxIdleConnsPerHost:    16,
-		IdleConnTimeout:        30 * time.Second,
-		DisableCompression:     true,
-		MaxResponseHeaderBytes: maxAgentHeaderBytes,
-	}
-	tok := m.token(id)
-	c := &http.Client{Transport: agentTransport{next: tr, token: tok}}
-	if tok == "" {
-		return c // not running: do not cache a client without a token
-	}
-	if m.clients.byID == nil {
-		m.clients.byID = map[string]*http.Client{}
-	}
-	m.clients.byID[id] = c
-	return c
+	return m.clients.HTTP(id, func(ctx context.Context) (net.Conn, error) { return m.Dial(ctx, id) }, m.token(id))
 }
 
-func (m *Manager) dropClient(id string) {
-	m.clients.mu.Lock()
-	c, ok := m.clients.byID[id]
-	delete(m.clients.byID, id)
-	m.clients.mu.Unlock()
-	if ok {
-		c.CloseIdleConnections()
-	}
-}
+func (m *Manager) dropClient(id string) { m.clients.Drop(id) }
 
 // ProcessClient returns a connect client for the sandbox agent's process
-// service, with every reply bounded (newProcessClient).
+// service, with every reply bounded (agentclient.NewProcessClient).
 func (m *Manager) ProcessClient(id string) processconnect.ProcessClient {
-	return newProcessClient(m.AgentHTTP(id), AgentURL, AgentCallTimeout)
+	return agentclient.Process(m.AgentHTTP(id))
 }
 
 // Process is a command started in a sandbox, streamed from its agent and
@@ -153,13 +66,13 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 	ctx, cancel := context.WithCancel(ctx)
 	creq := connect.NewRequest(req)
 	if user != "" {
-		creq.Header().Set("Authorization", BasicUser(user))
+		creq.Header().Set("Authorization", agentclient.BasicUser(user))
 	}
 	p := &Process{m: m, id: id, task: task, call: call, cancel: cancel}
 	if st, err := m.driver.Stats(id); err == nil {
 		p.oomStart = st.OOMKills
 	}
-	stream, err := m.ProcessClient(id).Start(WithLifetime(ctx, lifetime), creq)
+	stream, err := m.ProcessClient(id).Start(agentclient.WithLifetime(ctx, lifetime), creq)
 	if err != nil {
 		cancel()
 		call.End(-1, true)
@@ -288,11 +201,6 @@ func (p *Process) Close() {
 	p.finish(nil, fmt.Errorf("closed"))
 }
 
-// BasicUser is the Authorization header value that selects user on agent calls.
-func BasicUser(user string) string {
-	return "Basic " + basic64(user+":")
-}
-
 // DialPort opens a TCP tunnel to 127.0.0.1:port inside a running
 // sandbox, through its agent (which needs no network interface for it).
 func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
@@ -308,10 +216,10 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	// a deadline.
 	dl, ok := ctx.Deadline()
 	if !ok {
-		dl = time.Now().Add(AgentCallTimeout)
+		dl = time.Now().Add(agentclient.CallTimeout)
 	}
 	c.SetDeadline(dl)
-	tc, err := portHandshake(c, port, tok)
+	tc, err := agentclient.PortHandshake(c, port, tok)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -319,44 +227,3 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	c.SetDeadline(time.Time{})
 	return tc, nil
 }
-
-// portHandshake asks the agent on c for a tunnel to port. The reply's
-// header block is bounded (a fake agent could send headers forever).
-func portHandshake(c net.Conn, port int, tok string) (net.Conn, error) {
-	req := "GET /port/" + strconv.Itoa(port) + " HTTP/1.1\r\nHost: agent\r\nConnection: Upgrade\r\nUpgrade: " +
-		portUpgrade + "\r\nX-Access-Token: " + tok + "\r\n\r\n"
-	if _, err := io.WriteString(c, req); err != nil {
-		return nil, err
-	}
-	hg := &headerGuard{r: c, left: maxAgentHeaderBytes}
-	br := bufio.NewReader(hg)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		return nil, err
-	}
-	hg.done = true
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return nil, &PortError{Status: resp.StatusCode, Body: string(body)}
-	}
-	return &bufferedConn{Conn: c, r: br}, nil
-}
-
-// portUpgrade is the agent's tunnel protocol (agent.PortUpgrade).
-const portUpgrade = "corral-tcp"
-
-// PortError is the agent's refusal to open a tunnel (nothing listens).
-type PortError struct {
-	Status int
-	Body   string
-}
-
-func (e *PortError) Error() string { return fmt.Sprintf("port tunnel: %d %s", e.Status, e.Body) }
-
-// bufferedConn reads what the response parser buffered before the conn.
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }

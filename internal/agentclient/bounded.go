@@ -1,4 +1,4 @@
-package sandbox
+package agentclient
 
 import (
 	"context"
@@ -18,29 +18,29 @@ import (
 // replace the agent's socket with a server of its own, so every reply is
 // hostile input: these bound what one reply can cost the control plane.
 const (
-	// MaxAgentMessage bounds one Connect message read from an agent
+	// MaxMessage bounds one Connect message read from an agent
 	// (the agent's largest, a process list, is far smaller).
-	MaxAgentMessage = 16 << 20
-	// maxAgentSend bounds one message sent to an agent: the agent reads
+	MaxMessage = 16 << 20
+	// maxSend bounds one message sent to an agent: the agent reads
 	// at most 1 MiB.
-	maxAgentSend = 1 << 20
-	// maxAgentHeaderBytes bounds the header block of an agent reply.
-	maxAgentHeaderBytes = 64 << 10
-	// AgentCallTimeout is the deadline of a unary call to an agent whose
+	maxSend = 1 << 20
+	// maxHeaderBytes bounds the header block of an agent reply.
+	maxHeaderBytes = 64 << 10
+	// CallTimeout is the deadline of a unary call to an agent whose
 	// context has none.
-	AgentCallTimeout = time.Minute
+	CallTimeout = time.Minute
 )
 
-// ErrAgentReply marks a reply from a sandbox's agent that the control
-// plane refused to read: a message over MaxAgentMessage, or a compressed
+// ErrReply marks a reply from a sandbox's agent that the control
+// plane refused to read: a message over MaxMessage, or a compressed
 // one (the control plane asks for none).
-var ErrAgentReply = errors.New("the sandbox's agent sent a reply the control plane refuses")
+var ErrReply = errors.New("the sandbox's agent sent a reply the control plane refuses")
 
 func replyRefused(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrAgentReply, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s", ErrReply, fmt.Sprintf(format, args...))
 }
 
-// newProcessClient returns a process.Process client over hc whose replies
+// NewProcessClient returns a process.Process client over hc whose replies
 // are bounded (see boundedReplies) and whose unary calls get timeout when
 // their context has no deadline.
 //
@@ -50,11 +50,11 @@ func replyRefused(format string, args ...any) error {
 // inflates) the rest to discard it. TestAgentClientRefusesBombs and, with
 // a fake agent in a real sandbox, TestFakeAgentBomb are the regression
 // tests.
-func newProcessClient(hc *http.Client, baseURL string, timeout time.Duration) processconnect.ProcessClient {
+func NewProcessClient(hc *http.Client, baseURL string, timeout time.Duration) processconnect.ProcessClient {
 	bounded := &http.Client{Transport: boundedReplies{next: hc.Transport}}
 	return processconnect.NewProcessClient(bounded, baseURL,
-		connect.WithReadMaxBytes(MaxAgentMessage),
-		connect.WithSendMaxBytes(maxAgentSend),
+		connect.WithReadMaxBytes(MaxMessage),
+		connect.WithSendMaxBytes(maxSend),
 		// Accept no compression: nothing is decompressed, and an agent
 		// on a unix socket gains nothing from it.
 		connect.WithAcceptCompression("gzip", nil, nil),
@@ -81,8 +81,8 @@ func unaryDeadline(d time.Duration) connect.UnaryInterceptorFunc {
 // boundedReplies is the transport of the control plane's Connect clients
 // toward an agent. It refuses compressed replies and, while connect-go
 // reads, fails a reply at the first byte past its bound: a unary body of
-// more than MaxAgentMessage bytes, or a stream envelope that declares
-// more than MaxAgentMessage bytes. It thus never reads more than one
+// more than MaxMessage bytes, or a stream envelope that declares
+// more than MaxMessage bytes. It thus never reads more than one
 // bound's worth of a bad reply. (The SDK traffic the API proxies to the
 // agent as it is does not go through it: it streams through and is not
 // buffered.)
@@ -102,9 +102,9 @@ func (b boundedReplies) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/connect+") {
-		resp.Body = &envelopeGuard{r: resp.Body, max: MaxAgentMessage}
+		resp.Body = &envelopeGuard{r: resp.Body, max: MaxMessage}
 	} else {
-		resp.Body = &bodyCap{r: resp.Body, left: MaxAgentMessage}
+		resp.Body = &bodyCap{r: resp.Body, left: MaxMessage}
 	}
 	return resp, nil
 }
@@ -121,7 +121,7 @@ func (c *bodyCap) Read(p []byte) (int, error) {
 		if n, err := c.r.Read(one[:]); n == 0 {
 			return 0, err // the body ends at the bound
 		}
-		return 0, replyRefused("a message over %d bytes", MaxAgentMessage)
+		return 0, replyRefused("a message over %d bytes", MaxMessage)
 	}
 	if int64(len(p)) > c.left {
 		p = p[:c.left]
@@ -182,7 +182,7 @@ func (g *envelopeGuard) Read(p []byte) (int, error) {
 func (g *envelopeGuard) Close() error { return g.r.Close() }
 
 // headerGuard bounds the bytes read until a reply's header block is
-// parsed (DialPort reads it by hand); then it reads without bound.
+// parsed (PortHandshake reads it by hand); then it reads without bound.
 type headerGuard struct {
 	r    io.Reader
 	left int64
@@ -194,7 +194,7 @@ func (h *headerGuard) Read(p []byte) (int, error) {
 		return h.r.Read(p)
 	}
 	if h.left <= 0 {
-		return 0, replyRefused("a header block over %d bytes", maxAgentHeaderBytes)
+		return 0, replyRefused("a header block over %d bytes", maxHeaderBytes)
 	}
 	if int64(len(p)) > h.left {
 		p = p[:h.left]

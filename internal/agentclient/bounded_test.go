@@ -1,4 +1,4 @@
-package sandbox
+package agentclient
 
 import (
 	"bytes"
@@ -77,7 +77,7 @@ func allocated(fn func()) uint64 {
 // agent's socket with its own server) answers the control plane's
 // process client with a gzip bomb that inflates to 4 GiB, a 1 GiB
 // message, or a stream envelope that claims 4 GiB; each call fails with
-// ErrAgentReply having read no more than one bound's worth, and the
+// ErrReply having read no more than one bound's worth, and the
 // control plane allocates a small fraction of the bomb.
 func TestAgentClientRefusesBombs(t *testing.T) {
 	bomb := gzipBomb(t)
@@ -114,7 +114,7 @@ func TestAgentClientRefusesBombs(t *testing.T) {
 				tc.serve(w)
 			}))
 			defer srv.Close()
-			pc := newProcessClient(srv.Client(), srv.URL, 30*time.Second)
+			pc := NewProcessClient(srv.Client(), srv.URL, 30*time.Second)
 			var err error
 			n := allocated(func() {
 				if tc.stream {
@@ -130,11 +130,11 @@ func TestAgentClientRefusesBombs(t *testing.T) {
 					_, err = pc.List(context.Background(), connect.NewRequest(&process.ListRequest{}))
 				}
 			})
-			if !errors.Is(err, ErrAgentReply) {
-				t.Fatalf("call answered by a bomb: err %v, want ErrAgentReply", err)
+			if !errors.Is(err, ErrReply) {
+				t.Fatalf("call answered by a bomb: err %v, want ErrReply", err)
 			}
-			if n > 8*MaxAgentMessage && !raceEnabled {
-				t.Fatalf("the call allocated %d MiB (bound %d MiB)", n>>20, MaxAgentMessage>>20)
+			if n > 8*MaxMessage && !raceEnabled {
+				t.Fatalf("the call allocated %d MiB (bound %d MiB)", n>>20, MaxMessage>>20)
 			}
 			t.Logf("%v; allocated %d KiB", err, n>>10)
 		})
@@ -142,7 +142,7 @@ func TestAgentClientRefusesBombs(t *testing.T) {
 }
 
 // TestAgentClientUnaryDeadline: a fake agent that never answers a unary
-// call holds it only until AgentCallTimeout (here shortened), not forever.
+// call holds it only until CallTimeout (here shortened), not forever.
 func TestAgentClientUnaryDeadline(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Silent for far longer than the deadline; then an empty answer
@@ -153,7 +153,7 @@ func TestAgentClientUnaryDeadline(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	pc := newProcessClient(srv.Client(), srv.URL, 100*time.Millisecond)
+	pc := NewProcessClient(srv.Client(), srv.URL, 100*time.Millisecond)
 	_, err := pc.List(context.Background(), connect.NewRequest(&process.ListRequest{}))
 	if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
 		t.Fatalf("List of a silent agent: %v, want deadline_exceeded", err)
@@ -162,7 +162,7 @@ func TestAgentClientUnaryDeadline(t *testing.T) {
 
 // TestPortHandshakeBoundsHeaders: a fake agent answering the port tunnel
 // handshake with an endless header block is refused after
-// maxAgentHeaderBytes, not buffered without bound.
+// maxHeaderBytes, not buffered without bound.
 func TestPortHandshakeBoundsHeaders(t *testing.T) {
 	c, fake := net.Pipe()
 	defer c.Close()
@@ -178,11 +178,11 @@ func TestPortHandshakeBoundsHeaders(t *testing.T) {
 		}
 	}()
 	var err error
-	n := allocated(func() { _, err = portHandshake(c, 8080, "tok") })
-	if !errors.Is(err, ErrAgentReply) {
-		t.Fatalf("handshake with endless headers: %v, want ErrAgentReply", err)
+	n := allocated(func() { _, err = PortHandshake(c, 8080, "tok") })
+	if !errors.Is(err, ErrReply) {
+		t.Fatalf("handshake with endless headers: %v, want ErrReply", err)
 	}
-	if n > 16*maxAgentHeaderBytes {
+	if n > 16*maxHeaderBytes {
 		t.Fatalf("the handshake allocated %d KiB", n>>10)
 	}
 }
