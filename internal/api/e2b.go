@@ -20,6 +20,7 @@ import (
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/volume"
 	"github.com/corralhq/corral/proto/agentproto"
 )
 
@@ -210,7 +211,7 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		// lifecycle.onTimeout "pause": E2B keeps memory unless keepMemory is false.
 		AutoPause: req.AutoPause != nil && *req.AutoPause, PauseMemory: req.AutoPauseMemory == nil || *req.AutoPauseMemory}
 	for _, vm := range mounts {
-		cr.Volumes = append(cr.Volumes, sandbox.VolumeRequest{Volume: vm.Name, Path: vm.Path})
+		cr.Volumes = append(cr.Volumes, volume.Request{Volume: vm.Name, Path: vm.Path})
 	}
 	sb, err := s.mgr.Create(r.Context(), cr)
 	if err != nil {
@@ -237,7 +238,7 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 			// with the native code, capacity_exceeded.
 			setRetryAfter(w, capErr)
 			e2bError(w, http.StatusTooManyRequests, capErr.Error())
-		case errors.Is(err, sandbox.ErrNetworkUnavailable), errors.Is(err, sandbox.ErrVolumesUnavailable):
+		case errors.Is(err, sandbox.ErrNetworkUnavailable), errors.Is(err, volume.ErrUnavailable):
 			e2bError(w, http.StatusServiceUnavailable, err.Error())
 		default:
 			s.log.Error("e2b create", "err", err)

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/volume"
 )
 
 // E2B's volume control routes (POST/GET /volumes, GET/DELETE
@@ -21,16 +21,16 @@ type e2bVolumeAndToken struct {
 }
 
 func (s *Server) e2bVolumeErr(w http.ResponseWriter, r *http.Request, err error) {
-	var inv *sandbox.InvalidError
-	var conflict *sandbox.ConflictError
+	var inv *volume.InvalidError
+	var conflict *volume.ConflictError
 	switch {
 	case errors.As(err, &inv):
 		e2bError(w, http.StatusBadRequest, inv.Msg)
 	case errors.As(err, &conflict):
 		e2bError(w, http.StatusConflict, conflict.Msg)
-	case errors.Is(err, sandbox.ErrVolumeNotFound):
+	case errors.Is(err, volume.ErrNotFound):
 		e2bError(w, http.StatusNotFound, "volume not found")
-	case errors.Is(err, sandbox.ErrVolumesUnavailable):
+	case errors.Is(err, volume.ErrUnavailable):
 		e2bError(w, http.StatusServiceUnavailable, err.Error())
 	default:
 		s.log.Error("e2b volume", "method", r.Method, "path", r.URL.Path, "err", err)
@@ -53,7 +53,7 @@ func (s *Server) e2bCreateVolume(w http.ResponseWriter, r *http.Request) {
 	if !e2bBody(w, r, &req) {
 		return
 	}
-	v, err := s.mgr.CreateVolume(r.Context(), req.Name, 0)
+	v, err := s.vols.Create(r.Context(), req.Name, 0)
 	if err != nil {
 		s.e2bVolumeErr(w, r, err)
 		return
@@ -62,7 +62,7 @@ func (s *Server) e2bCreateVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) e2bListVolumes(w http.ResponseWriter, r *http.Request) {
-	vs, err := s.mgr.Volumes(r.Context())
+	vs, err := s.vols.List(r.Context())
 	if err != nil {
 		s.e2bVolumeErr(w, r, err)
 		return
@@ -75,7 +75,7 @@ func (s *Server) e2bListVolumes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) e2bGetVolume(w http.ResponseWriter, r *http.Request) {
-	v, err := s.mgr.Volume(r.Context(), r.PathValue("id"))
+	v, err := s.vols.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.e2bVolumeErr(w, r, err)
 		return
@@ -84,7 +84,7 @@ func (s *Server) e2bGetVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) e2bDeleteVolume(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.DeleteVolume(r.Context(), r.PathValue("id")); err != nil {
+	if err := s.vols.Delete(r.Context(), r.PathValue("id")); err != nil {
 		s.e2bVolumeErr(w, r, err)
 		return
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template/registry"
+	"github.com/corralhq/corral/internal/volume"
 	corral "github.com/corralhq/corral/sdk/go"
 )
 
@@ -70,6 +71,8 @@ func setRetryAfter(w http.ResponseWriter, capErr *govern.CapacityError) {
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var inv *sandbox.InvalidError
 	var conflict *sandbox.ConflictError
+	var vinv *volume.InvalidError
+	var vconflict *volume.ConflictError
 	var envSecret *sandbox.EnvSecretError
 	var trip *govern.TripError
 	var capErr *govern.CapacityError
@@ -86,6 +89,8 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusBadRequest, CodeInvalidArgument, ginv.Msg)
 	case errors.As(err, &inv):
 		writeError(w, http.StatusBadRequest, CodeInvalidArgument, inv.Msg)
+	case errors.As(err, &vinv):
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, vinv.Msg)
 	case errors.As(err, &envSecret):
 		writeError(w, http.StatusBadRequest, CodeEnvSecret, envSecret.Error())
 	case errors.As(err, &conflict):
@@ -94,11 +99,13 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusBadRequest, CodeInvalidArgument, rinv.Msg)
 	case errors.As(err, &rconflict):
 		writeError(w, http.StatusConflict, CodeConflict, rconflict.Msg)
+	case errors.As(err, &vconflict):
+		writeError(w, http.StatusConflict, CodeConflict, vconflict.Msg)
 	case errors.Is(err, sandbox.ErrNetworkUnavailable):
 		writeError(w, http.StatusServiceUnavailable, CodeNetworkUnavailable, err.Error()+"; see the server log")
-	case errors.Is(err, sandbox.ErrVolumesUnavailable):
+	case errors.Is(err, volume.ErrUnavailable):
 		writeError(w, http.StatusServiceUnavailable, CodeVolumesUnavailable, err.Error())
-	case errors.Is(err, sandbox.ErrVolumeNotFound):
+	case errors.Is(err, volume.ErrNotFound):
 		writeError(w, http.StatusNotFound, CodeNotFound, "volume not found")
 	case errors.Is(err, sandbox.ErrNotFound):
 		writeError(w, http.StatusNotFound, CodeNotFound, "sandbox not found")

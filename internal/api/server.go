@@ -16,6 +16,7 @@ import (
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template/registry"
+	"github.com/corralhq/corral/internal/volume"
 )
 
 // Config configures the API server.
@@ -48,12 +49,16 @@ type Config struct {
 	// Templates is the template registry (the /v1/templates routes and
 	// E2B's template alias check).
 	Templates *registry.Registry
+	// Volumes is the server's volume service (nil: one without a file
+	// system, whose calls answer volumes_unavailable).
+	Volumes *volume.Service
 }
 
 // Server serves the API.
 type Server struct {
 	cfg   Config
 	mgr   *sandbox.Manager
+	vols  *volume.Service
 	store *store.Store
 	log   *slog.Logger
 	mux   *http.ServeMux
@@ -80,7 +85,10 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 	if cfg.StallTimeout == 0 {
 		cfg.StallTimeout = DefaultStallTimeout
 	}
-	s := &Server{cfg: cfg, mgr: mgr, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor, templates: cfg.Templates,
+	if cfg.Volumes == nil {
+		cfg.Volumes = volume.NewService(nil, st, nil, log)
+	}
+	s := &Server{cfg: cfg, mgr: mgr, vols: cfg.Volumes, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor, templates: cfg.Templates,
 		streams: newStreamLimit(cfg.MaxStreamsPerKey)}
 	s.handler = progressDeadlines(cfg.StallTimeout, http.HandlerFunc(s.route))
 	s.agent = newAgentProxy(mgr, log)

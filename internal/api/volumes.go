@@ -6,8 +6,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/volume"
 	"github.com/corralhq/corral/internal/volumecontent"
 )
 
@@ -24,7 +24,7 @@ type volumeView struct {
 
 func (s *Server) volumeView(v *store.Volume) volumeView {
 	out := volumeView{ID: v.ID, Name: v.Name, SizeMB: v.SizeMB, Token: v.Token, CreatedAt: v.CreatedAt.Format(time.RFC3339Nano)}
-	if used, _, err := s.mgr.VolumeUsage(v); err == nil {
+	if used, _, err := s.vols.Usage(v); err == nil {
 		out.UsedBytes = &used
 	}
 	return out
@@ -38,7 +38,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	v, err := s.mgr.CreateVolume(r.Context(), req.Name, req.SizeMB)
+	v, err := s.vols.Create(r.Context(), req.Name, req.SizeMB)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -47,7 +47,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
-	vs, err := s.mgr.Volumes(r.Context())
+	vs, err := s.vols.List(r.Context())
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -60,7 +60,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
-	v, err := s.mgr.Volume(r.Context(), r.PathValue("ref"))
+	v, err := s.vols.Get(r.Context(), r.PathValue("ref"))
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -69,7 +69,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.DeleteVolume(r.Context(), r.PathValue("ref")); err != nil {
+	if err := s.vols.Delete(r.Context(), r.PathValue("ref")); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -80,8 +80,8 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 // with each volume's bearer token; file writes and deletions are audited.
 func (s *Server) volumeContent() http.Handler {
 	return volumecontent.New(func(ctx context.Context, id, token string) (string, error) {
-		v, err := s.mgr.Volume(ctx, id)
-		if errors.Is(err, sandbox.ErrVolumeNotFound) || err == nil && v.ID != id {
+		v, err := s.vols.Get(ctx, id)
+		if errors.Is(err, volume.ErrNotFound) || err == nil && v.ID != id {
 			return "", volumecontent.ErrNotFound
 		}
 		if err != nil {
@@ -90,7 +90,7 @@ func (s *Server) volumeContent() http.Handler {
 		if !sameSecret(token, v.Token) {
 			return "", volumecontent.ErrUnauthorized
 		}
-		return s.mgr.VolumePath(ctx, v)
+		return s.vols.Path(ctx, v)
 	}, volumecontent.Options{
 		HostBase: int(s.mgr.IDBase()),
 		OnWrite: func(id, path string, size int64) {

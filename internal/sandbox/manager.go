@@ -106,9 +106,9 @@ type Config struct {
 	// IdleTimeout ends sandboxes with no command running and none started
 	// or ended for this long (0: never). Recorded as end reason "idle".
 	IdleTimeout time.Duration
-	// Volumes keeps the volumes sandboxes mount (nil: volumes are
-	// unavailable).
-	Volumes *volume.Store
+	// Volumes are the volumes sandboxes mount (a *volume.Service; nil:
+	// volumes are unavailable).
+	Volumes volumes
 	// MemoryPressure reports whether the host is short of memory, which
 	// empties the warm pools and stops their refills (nil: available
 	// memory below PoolMemoryFloor of the total, from /proc/meminfo).
@@ -178,11 +178,6 @@ type Manager struct {
 	wd atomic.Pointer[watchdog.Watchdog]
 	// pools are the warm pools.
 	pools pools
-	// volMu: creates that mount volumes hold it shared until their
-	// sandbox is recorded and started; volume creation and deletion hold
-	// it exclusively, so a volume is never deleted under a starting
-	// sandbox.
-	volMu sync.RWMutex
 
 	stop chan struct{}
 	done chan struct{}
@@ -257,7 +252,7 @@ type CreateRequest struct {
 	AutoPause   bool `json:"auto_pause"`
 	PauseMemory bool `json:"pause_memory"`
 	// Volumes are mounted read-write in the sandbox.
-	Volumes []VolumeRequest `json:"volumes"`
+	Volumes []volume.Request `json:"volumes"`
 
 	// anySnapshot lets a resume use its hidden persisted snapshot.
 	anySnapshot bool
@@ -469,10 +464,7 @@ func refusedContent(rec *store.Sandbox, err error) error {
 
 // Create validates req, starts the sandbox and records it.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error) {
-	if len(req.Volumes) > 0 {
-		m.volMu.RLock()
-		defer m.volMu.RUnlock()
-	}
+	defer m.holdVolumes(req.Volumes)()
 	rec, rc, plan, err := m.validate(ctx, &req)
 	if err != nil {
 		return nil, err
@@ -716,6 +708,11 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 	m.log.Info("sandbox ended", "id", id, "reason", reason)
 	return nil
 }
+
+// IDBase is the host uid/gid that sandbox uid/gid 0 maps to (the base of
+// the server's uid range): volume files of sandbox uid N are owned by host
+// uid IDBase+N.
+func (m *Manager) IDBase() uint32 { return m.cfg.IDBase }
 
 // Get returns the record of a sandbox, running or ended.
 func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {

@@ -105,8 +105,9 @@ func (m *Manager) restart(ctx context.Context, ls *liveSandbox) error {
 		return fmt.Errorf("restart %s: %w", rec.ID, err)
 	}
 	rc.ID, rc.AccessToken = rec.ID, rec.AccessToken
-	m.volMu.RLock()
-	defer m.volMu.RUnlock()
+	if len(rec.Volumes) > 0 && m.cfg.Volumes != nil {
+		defer m.cfg.Volumes.Hold()()
+	}
 	if rc.Volumes, err = m.volumeBinds(ctx, rec.Volumes); err != nil {
 		return fmt.Errorf("restart %s: %w", rec.ID, err)
 	}

@@ -65,7 +65,9 @@ func (m *Manager) Reap(ctx context.Context) {
 	}
 	m.purgeDeletedSnapshots(ctx)
 	m.templates.PurgeUnusedImports(ctx)
-	m.purgeOrphanVolumes(ctx)
+	if m.cfg.Volumes != nil {
+		m.cfg.Volumes.PurgeOrphans(ctx)
+	}
 	now := time.Now()
 	for id, ls := range live {
 		m.mu.Lock()

@@ -12,6 +12,7 @@ import (
 	"github.com/corralhq/corral/internal/idgen"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template/registry"
+	"github.com/corralhq/corral/internal/volume"
 )
 
 // SnapshotPrefix starts every snapshot id, so that a snapshot can be named
@@ -199,7 +200,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, ttl *int64) ([
 			Snapshot: sn.ID, Runtime: parent.Runtime, Tier: parent.Tier,
 			Resources: &ResourceRequest{CPU: r.CPU, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids, Nofile: r.Nofile},
 			Timeout:   ttl, Metadata: parent.Metadata, Network: parent.Network, Allow: parent.Egress.Allow,
-			Secrets: parent.Egress.Secrets, Task: parent.TaskID, Volumes: volumeRequests(parent.Volumes),
+			Secrets: parent.Egress.Secrets, Task: parent.TaskID, Volumes: volume.Requests(parent.Volumes),
 		}
 		sb, err := m.Create(ctx, req)
 		if err != nil {

@@ -286,6 +286,8 @@ type Server struct {
 	cfg     Config
 	Store   *store.Store
 	Manager *sandbox.Manager
+	// Volumes is the volume service.
+	Volumes *volume.Service
 	Handler http.Handler
 	// AdminKey is the admin API key.
 	AdminKey string
@@ -372,6 +374,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	var mgr *sandbox.Manager
+	var volSvc *volume.Service
 	adm := govern.NewAdmission(cfg.Admission)
 	met := metrics.New(metrics.Config{
 		Sandboxes: func(ctx context.Context) (map[string]int, error) { return st.CountSandboxes(ctx) },
@@ -385,12 +388,12 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		},
 		Admission: func() (int, int) { s := adm.Stats(); return s.Running, s.Waiting },
 		Volumes: func(ctx context.Context) (n int, used, size int64, err error) {
-			vs, err := mgr.Volumes(ctx)
+			vs, err := volSvc.List(ctx)
 			if err != nil {
 				return 0, 0, 0, err
 			}
 			for _, v := range vs {
-				if u, sz, err := mgr.VolumeUsage(v); err == nil {
+				if u, sz, err := volSvc.Usage(v); err == nil {
 					used, size = used+u, size+sz
 				}
 			}
@@ -420,11 +423,12 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.Log.Warn("volumes unavailable", "err", err)
 		vols = nil
 	}
+	volSvc = volume.NewService(vols, st, al, cfg.Log)
 	var wd *watchdog.Watchdog
 	mgr = sandbox.New(sandbox.Config{
 		KillGrace: cfg.KillGrace, Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
-		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: vols, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
+		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: volSvc, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
 		IDBase: ids.Base,
 	}, st, drv, reg, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
@@ -459,8 +463,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	rdone := make(chan struct{})
 	go func() { defer close(rdone); al.RunRetention(rctx, cfg.AuditRetention) }()
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
-		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey, Templates: reg}, mgr, st, cfg.Log)
-	return &Server{cfg: cfg, Store: st, Manager: mgr, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
+		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey, Templates: reg, Volumes: volSvc}, mgr, st, cfg.Log)
+	return &Server{cfg: cfg, Store: st, Manager: mgr, Volumes: volSvc, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
 		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: reg, summary: sum,
 		stopRetention: func() { rcancel(); <-rdone }}, nil
 }
