@@ -25,6 +25,7 @@ import (
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/idgen"
 	"github.com/corralhq/corral/internal/inroot"
+	"github.com/corralhq/corral/internal/pool"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/volume"
@@ -111,7 +112,7 @@ type Config struct {
 	Volumes volumes
 	// MemoryPressure reports whether the host is short of memory, which
 	// empties the warm pools and stops their refills (nil: available
-	// memory below PoolMemoryFloor of the total, from /proc/meminfo).
+	// memory below pool.MemoryFloor of the total, from /proc/meminfo).
 	MemoryPressure func() bool
 	// RunawayAction is what the watchdog's CPU-runaway rule does:
 	// RunawayKillSandbox (default) or RunawayKillCommands.
@@ -177,7 +178,7 @@ type Manager struct {
 	// wd is the watchdog (SetWatchdog), nil until set.
 	wd atomic.Pointer[watchdog.Watchdog]
 	// pools are the warm pools.
-	pools pools
+	pools warmPools
 
 	stop chan struct{}
 	done chan struct{}
@@ -216,7 +217,8 @@ func New(cfg Config, st *store.Store, d runtime.Driver, t TemplateRegistry, log 
 	}
 	m := &Manager{cfg: cfg, store: st, driver: d, templates: t, log: log,
 		live: map[string]*liveSandbox{}, tickets: map[string]*govern.Ticket{},
-		pools: pools{byName: map[string]*pool{}, ids: map[string]bool{}}, stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{})}
+	m.pools = pool.New(poolStarter{m}, st, auditOf(cfg.Audit), cfg.MemoryPressure, log)
 	go m.watch()
 	return m
 }
@@ -470,19 +472,19 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		return nil, err
 	}
 	// A warm pool may already run a sandbox with these defaults.
-	var pd *pooled
+	var pd *pool.Idle
 	if poolable(&req) {
-		if pd = m.takePooled(rec.Template, rec.TemplateVersion); pd != nil {
-			rec.ID, rec.AccessToken = pd.id, pd.token
+		if pd = m.pools.Take(rec.Template, rec.TemplateVersion); pd != nil {
+			rec.ID, rec.AccessToken = pd.ID, pd.Token
 		}
 	}
-	if pd == nil && m.capacityLeft() <= 0 {
-		m.evictOne() // idle pooled sandboxes give way to a user's
+	if pd == nil {
+		m.pools.MakeRoom() // idle pooled sandboxes give way to a user's
 	}
 	release, err := m.admit(ctx, &req, rec)
 	if err != nil {
 		if pd != nil {
-			go m.stopPooled(pd)
+			go m.pools.Discard(pd)
 		}
 		return nil, err
 	}
@@ -492,7 +494,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	m.addLive(ls)
 	m.mu.Unlock()
 	if pd != nil {
-		m.unpool(pd.id) // live now: the reaper sees it as such
+		m.pools.Release(pd.ID) // live now: the reaper sees it as such
 	}
 
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
@@ -1096,7 +1098,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		m.audit(id, "reaper.reclaimed", map[string]any{"what": "runtime state without a record", "reason": "no_record"})
 	}
 	m.restoreNetworks(ctx)
-	m.loadPools(ctx)
+	m.pools.Load(ctx)
 	return nil
 }
 
@@ -1169,7 +1171,7 @@ func (m *Manager) watch() {
 				m.audit("", "network.table_restored", map[string]any{"note": "the nftables table was missing (flushed?) and was reinstalled"})
 			}
 		}
-		go m.RefillPools()
+		go m.pools.Refill()
 		if reap++; time.Duration(reap)*m.cfg.WatchInterval >= ReapInterval {
 			reap = 0
 			m.Reap(context.Background())
@@ -1193,7 +1195,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	}
 	close(m.stop)
 	<-m.done
-	m.drainPools()
+	m.pools.Drain()
 	m.mu.Lock()
 	for _, ls := range m.live {
 		if ls.timer != nil {

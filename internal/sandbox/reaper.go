@@ -35,7 +35,7 @@ func (m *Manager) Reap(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	for _, id := range held {
-		if live[id] != nil || m.isPooled(id) {
+		if live[id] != nil || m.pools.Owns(id) {
 			continue
 		}
 		// A record may be on its way in (Create inserts the live entry

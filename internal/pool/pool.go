@@ -1,0 +1,447 @@
+// Package pool keeps the warm pools: per template, idle sandboxes started
+// ahead of time with the template's defaults (tier light, runc, no
+// network), each handed to exactly one create and never reused. The pools
+// start and stop sandboxes through a Starter (the sandbox manager); they
+// own no lifecycle of their own.
+package pool
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/corralhq/corral/internal/store"
+)
+
+// Pool limits and defaults.
+const (
+	// MaxSize bounds a pool's max.
+	MaxSize = 100
+	// DefaultMaxIdle is how long a pooled sandbox may wait before it is
+	// replaced by a fresh one.
+	DefaultMaxIdle = 30 * time.Minute
+	// MemoryFloor: below this fraction of available host memory pools
+	// stop refilling and give back their idle sandboxes.
+	MemoryFloor = 0.10
+)
+
+// Config is the warm pool of one template.
+type Config struct {
+	Template string        `json:"template"`
+	Min      int           `json:"min"`      // idle sandboxes kept ready
+	Max      int           `json:"max"`      // idle sandboxes at most (the target grows to it on misses)
+	MaxIdle  time.Duration `json:"max_idle"` // a pooled sandbox older than this is replaced
+}
+
+// Stats describes one pool.
+type Stats struct {
+	Config
+	Idle         int     `json:"idle"`
+	Target       int     `json:"target"`
+	Hits         int64   `json:"hits"`
+	Misses       int64   `json:"misses"`
+	Refills      int64   `json:"refills"`
+	RefillMSAvg  float64 `json:"refill_ms_avg"`
+	Evicted      int64   `json:"evicted"`
+	LastRefillMS float64 `json:"last_refill_ms"`
+}
+
+// InvalidError is a pool configuration the caller must fix.
+type InvalidError struct{ Msg string }
+
+func (e *InvalidError) Error() string { return e.Msg }
+
+// Idle is one idle pooled sandbox: started, not recorded, not listed.
+type Idle struct {
+	ID, Token string
+	// Version is the template version it runs.
+	Version string
+	Started time.Time
+}
+
+// Starter is what the pools need of the sandbox manager.
+type Starter interface {
+	// StartIdle starts a sandbox of template with the template's
+	// defaults and no record. It calls claim with the sandbox's id before
+	// the runtime starts it, so that the reaper leaves it alone.
+	StartIdle(template string, claim func(id string)) (*Idle, error)
+	// StopIdle stops a pooled sandbox (total stop, nothing recorded).
+	StopIdle(id string)
+	// Alive reports whether a pooled sandbox still runs.
+	Alive(id string) bool
+	// Room is how many more sandboxes the global limit allows besides
+	// the pools' own: the limit less the live sandboxes.
+	Room() int
+}
+
+// auditRecorder records pool events in the audit log.
+type auditRecorder interface {
+	Record(sandbox, kind string, data any)
+}
+
+type pool struct {
+	cfg     Config
+	target  int
+	idle    []*Idle
+	filling int
+	stats   Stats
+}
+
+// Pools holds the warm pools. It is safe for concurrent use.
+type Pools struct {
+	starter  Starter
+	st       *store.Store
+	audit    auditRecorder
+	log      *slog.Logger
+	pressure func() bool
+
+	// mu guards byName, ids and every pool's fields.
+	mu     sync.Mutex
+	byName map[string]*pool
+	// ids are the sandboxes the pools own (idle or starting), which the
+	// reaper must leave alone.
+	ids map[string]bool
+	// refilling keeps one refill pass at a time.
+	refilling sync.Mutex
+}
+
+// New returns empty pools (Load reads their configuration) that start
+// sandboxes through s. pressure reports whether the host is short of
+// memory (nil: HostMemoryPressure); audit may be nil.
+func New(s Starter, st *store.Store, audit auditRecorder, pressure func() bool, log *slog.Logger) *Pools {
+	if pressure == nil {
+		pressure = HostMemoryPressure
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Pools{starter: s, st: st, audit: audit, log: log, pressure: pressure,
+		byName: map[string]*pool{}, ids: map[string]bool{}}
+}
+
+func (ps *Pools) record(kind string, data any) {
+	if ps.audit != nil {
+		ps.audit.Record("", kind, data)
+	}
+}
+
+// Owns reports whether id is a sandbox a pool owns.
+func (ps *Pools) Owns(id string) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.ids[id]
+}
+
+// Set creates or changes the pool of c.Template (min 0 and max 0 removes
+// it, stopping its idle sandboxes). The caller has checked the template.
+func (ps *Pools) Set(ctx context.Context, c Config) (Stats, error) {
+	if c.Max == 0 {
+		c.Max = c.Min
+	}
+	if c.Min < 0 || c.Max < c.Min || c.Max > MaxSize {
+		return Stats{}, &InvalidError{Msg: fmt.Sprintf("pool sizes must satisfy 0 <= min <= max <= %d", MaxSize)}
+	}
+	if c.MaxIdle == 0 {
+		c.MaxIdle = DefaultMaxIdle
+	}
+	if c.MaxIdle < time.Minute || c.MaxIdle > 24*time.Hour {
+		return Stats{}, &InvalidError{Msg: "max idle age must be between 1m and 24h"}
+	}
+	if err := ps.st.PutPool(ctx, c.Template, c.Min, c.Max, int64(c.MaxIdle/time.Second)); err != nil {
+		return Stats{}, err
+	}
+	ps.mu.Lock()
+	p := ps.byName[c.Template]
+	if p == nil {
+		p = &pool{}
+		ps.byName[c.Template] = p
+	}
+	p.cfg = c
+	p.target = max(c.Min, min(p.target, c.Max))
+	var drop []*Idle
+	for len(p.idle) > c.Max {
+		drop = append(drop, p.idle[0])
+		p.idle = p.idle[1:]
+	}
+	st := p.statsLocked()
+	if c.Max == 0 {
+		delete(ps.byName, c.Template)
+	}
+	ps.mu.Unlock()
+	for _, d := range drop {
+		ps.Discard(d)
+	}
+	ps.record("pool.set", map[string]any{"template": c.Template, "min": c.Min, "max": c.Max, "max_idle_s": int64(c.MaxIdle / time.Second)})
+	go ps.Refill()
+	return st, nil
+}
+
+// List returns every pool's configuration and counters.
+func (ps *Pools) List() []Stats {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	out := make([]Stats, 0, len(ps.byName))
+	for _, p := range ps.byName {
+		out = append(out, p.statsLocked())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Template < out[j].Template })
+	return out
+}
+
+func (p *pool) statsLocked() Stats {
+	s := p.stats
+	s.Config, s.Idle, s.Target = p.cfg, len(p.idle), p.target
+	return s
+}
+
+// Load reads the pools' configuration from the store (at start).
+func (ps *Pools) Load(ctx context.Context) {
+	list, err := ps.st.ListPools(ctx)
+	if err != nil {
+		ps.log.Error("load pools", "err", err)
+		return
+	}
+	ps.mu.Lock()
+	for _, c := range list {
+		ps.byName[c.Template] = &pool{cfg: Config{Template: c.Template, Min: c.Min, Max: c.Max,
+			MaxIdle: time.Duration(c.MaxIdleS) * time.Second}, target: c.Min}
+	}
+	ps.mu.Unlock()
+}
+
+// Take hands out an idle pooled sandbox of template, if any, that runs
+// version (the template's current version; older ones are dropped). On a
+// miss the pool's target grows (up to its max). The sandbox stays owned
+// (Owns) until the create has made it live (Release) or given it up
+// (Discard).
+func (ps *Pools) Take(template, version string) *Idle {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p := ps.byName[template]
+	if p == nil {
+		return nil
+	}
+	for len(p.idle) > 0 {
+		pd := p.idle[0]
+		p.idle = p.idle[1:]
+		if pd.Version == version && ps.starter.Alive(pd.ID) {
+			p.stats.Hits++
+			return pd
+		}
+		go ps.Discard(pd)
+	}
+	p.stats.Misses++
+	p.target = min(p.target+1, p.cfg.Max)
+	return nil
+}
+
+// count is the number of pooled sandboxes (idle or being started).
+func (ps *Pools) count() int {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	n := 0
+	for _, p := range ps.byName {
+		n += len(p.idle) + p.filling
+	}
+	return n
+}
+
+// Free is how many more sandboxes (user or pooled) the global limit
+// allows.
+func (ps *Pools) Free() int { return ps.starter.Room() - ps.count() }
+
+// MakeRoom stops one idle pooled sandbox (the oldest) when the global
+// limit is reached, to make room for a user's sandbox.
+func (ps *Pools) MakeRoom() {
+	if ps.Free() > 0 {
+		return
+	}
+	ps.mu.Lock()
+	var oldest *Idle
+	var from *pool
+	for _, p := range ps.byName {
+		if len(p.idle) > 0 && (oldest == nil || p.idle[0].Started.Before(oldest.Started)) {
+			oldest, from = p.idle[0], p
+		}
+	}
+	if from != nil {
+		from.idle = from.idle[1:]
+		from.stats.Evicted++
+	}
+	ps.mu.Unlock()
+	if oldest != nil {
+		ps.Discard(oldest)
+	}
+}
+
+// Discard stops a pooled sandbox and gives up its ownership.
+func (ps *Pools) Discard(pd *Idle) {
+	ps.starter.StopIdle(pd.ID)
+	ps.Release(pd.ID)
+}
+
+// Release gives up the ownership of a taken pooled sandbox once it is
+// live (the reaper sees it as such).
+func (ps *Pools) Release(id string) {
+	ps.mu.Lock()
+	delete(ps.ids, id)
+	ps.mu.Unlock()
+}
+
+// Refill replaces pooled sandboxes past their idle age, tops every pool
+// up to its target within the global limit, and empties pools under
+// memory pressure. The manager's watch loop runs it every second and Set
+// after each change; a call while another pass runs returns at once.
+func (ps *Pools) Refill() {
+	if !ps.refilling.TryLock() {
+		return
+	}
+	defer ps.refilling.Unlock()
+	now := time.Now()
+	pressure := ps.pressure()
+	ps.mu.Lock()
+	var stale []*Idle
+	type job struct {
+		p *pool
+		n int
+	}
+	var jobs []job
+	for _, p := range ps.byName {
+		keep := p.idle[:0]
+		for _, pd := range p.idle {
+			if pressure || now.Sub(pd.Started) > p.cfg.MaxIdle {
+				stale = append(stale, pd)
+				p.stats.Evicted++
+				if !pressure && p.target > p.cfg.Min {
+					p.target-- // unused for its whole idle age: shrink back
+				}
+				continue
+			}
+			keep = append(keep, pd)
+		}
+		p.idle = keep
+		if want := p.target - len(p.idle) - p.filling; want > 0 && !pressure {
+			jobs = append(jobs, job{p, want})
+		}
+	}
+	ps.mu.Unlock()
+	if pressure && len(stale) > 0 {
+		// Recorded first, so that whoever sees the sandboxes gone finds why.
+		ps.log.Warn("memory pressure: pools emptied", "stopped", len(stale))
+		ps.record("pool.emptied", map[string]any{"reason": "memory_pressure", "stopped": len(stale)})
+	}
+	for _, pd := range stale {
+		ps.Discard(pd)
+	}
+	for _, j := range jobs {
+		for i := 0; i < j.n && ps.Free() > 1; i++ {
+			ps.mu.Lock()
+			j.p.filling++
+			tmpl := j.p.cfg.Template
+			ps.mu.Unlock()
+			t0 := time.Now()
+			pd, err := ps.start(tmpl)
+			ps.mu.Lock()
+			j.p.filling--
+			if err == nil {
+				if ps.byName[tmpl] == j.p && len(j.p.idle) < j.p.cfg.Max {
+					j.p.idle = append(j.p.idle, pd)
+					ms := float64(time.Since(t0).Microseconds()) / 1000
+					j.p.stats.Refills++
+					j.p.stats.LastRefillMS = ms
+					j.p.stats.RefillMSAvg += (ms - j.p.stats.RefillMSAvg) / float64(j.p.stats.Refills)
+					pd = nil
+				}
+			}
+			ps.mu.Unlock()
+			if err != nil {
+				ps.log.Error("refill pool", "template", tmpl, "err", err)
+				break
+			}
+			if pd != nil { // the pool went away meanwhile
+				ps.Discard(pd)
+			}
+		}
+	}
+}
+
+// start starts one pooled sandbox of template, owned from before the
+// runtime starts it.
+func (ps *Pools) start(template string) (*Idle, error) {
+	var id string
+	pd, err := ps.starter.StartIdle(template, func(claimed string) {
+		id = claimed
+		ps.mu.Lock()
+		ps.ids[claimed] = true
+		ps.mu.Unlock()
+	})
+	if err != nil {
+		if id != "" {
+			ps.Release(id)
+		}
+		return nil, err
+	}
+	return pd, nil
+}
+
+// Drain stops every idle pooled sandbox (server shutdown).
+func (ps *Pools) Drain() {
+	ps.mu.Lock()
+	var all []*Idle
+	for _, p := range ps.byName {
+		all = append(all, p.idle...)
+		p.idle = nil
+	}
+	ps.mu.Unlock()
+	for _, pd := range all {
+		ps.Discard(pd)
+	}
+}
+
+// HostMemoryPressure reports whether the host's available memory is
+// below MemoryFloor of its total (from /proc/meminfo).
+func HostMemoryPressure() bool {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	frac, ok := availableFraction(f)
+	return ok && frac < MemoryFloor
+}
+
+// availableFraction reads MemAvailable/MemTotal from /proc/meminfo text;
+// ok is false when either is missing.
+func availableFraction(r io.Reader) (frac float64, ok bool) {
+	var total, avail float64
+	var haveAvail bool
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 2 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fs[1], 64)
+		if err != nil {
+			continue
+		}
+		switch fs[0] {
+		case "MemTotal:":
+			total = v
+		case "MemAvailable:":
+			avail, haveAvail = v, true
+		}
+	}
+	if total <= 0 || !haveAvail {
+		return 0, false
+	}
+	return avail / total, true
+}

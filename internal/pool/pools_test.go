@@ -1,0 +1,240 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/corralhq/corral/internal/store"
+)
+
+// fakeStarter starts "sandboxes" in memory for the pools' unit tests.
+type fakeStarter struct {
+	mu      sync.Mutex
+	n       int
+	running map[string]string // id → template version
+	version string
+	room    int
+	// owned records, per started id, whether the pools owned it when the
+	// runtime started it (the reaper must never see a pooled sandbox
+	// that no one owns).
+	owned map[string]bool
+	ps    *Pools
+}
+
+func (f *fakeStarter) StartIdle(template string, claim func(string)) (*Idle, error) {
+	f.mu.Lock()
+	f.n++
+	id := fmt.Sprintf("sb%d", f.n)
+	v := f.version
+	f.mu.Unlock()
+	claim(id)
+	owned := f.ps.Owns(id)
+	f.mu.Lock()
+	f.running[id], f.owned[id] = v, owned
+	f.mu.Unlock()
+	return &Idle{ID: id, Token: "tok-" + id, Version: v, Started: time.Now()}, nil
+}
+
+func (f *fakeStarter) StopIdle(id string) {
+	f.mu.Lock()
+	delete(f.running, id)
+	f.mu.Unlock()
+}
+
+func (f *fakeStarter) Alive(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.running[id]
+	return ok
+}
+
+func (f *fakeStarter) Room() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.room
+}
+
+func (f *fakeStarter) runningCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.running)
+}
+
+// runningOf counts the running sandboxes of template version v.
+func (f *fakeStarter) runningOf(v string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, rv := range f.running {
+		if rv == v {
+			n++
+		}
+	}
+	return n
+}
+
+type events struct {
+	mu    sync.Mutex
+	kinds []string
+}
+
+func (e *events) Record(_, kind string, _ any) {
+	e.mu.Lock()
+	e.kinds = append(e.kinds, kind)
+	e.mu.Unlock()
+}
+
+func (e *events) has(kind string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, k := range e.kinds {
+		if k == kind {
+			return true
+		}
+	}
+	return false
+}
+
+func newTestPools(t *testing.T, room int, pressure *atomic.Bool) (*Pools, *fakeStarter, *events) {
+	t.Helper()
+	st, err := store.Open(filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	f := &fakeStarter{running: map[string]string{}, owned: map[string]bool{}, version: "base:v1", room: room}
+	ev := &events{}
+	ps := New(f, st, ev, pressure.Load, nil)
+	f.ps = ps
+	return ps, f, ev
+}
+
+// waitIdle polls until the pool holds n idle sandboxes (n < 0: as many
+// as its target).
+func waitIdle(t *testing.T, ps *Pools, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ps.Refill()
+		l := ps.List()
+		if len(l) == 1 && (l[0].Idle == n || n < 0 && l[0].Idle == l[0].Target) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool: %+v, want %d idle", l, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestPoolsLifecycle drives the pools through a fake Starter: a pool
+// fills to its min within the global limit and owns its sandboxes from
+// before they start (else the reaper could reclaim a starting one); a
+// take hands out a sandbox of the current template version only and
+// discards stale ones; a user's create at the limit evicts an idle
+// sandbox; memory pressure empties the pools and records why. It runs in
+// milliseconds without root, beside TestWarmPool and
+// TestWarmPoolMemoryPressure (real sandboxes).
+func TestPoolsLifecycle(t *testing.T) {
+	var pressure atomic.Bool
+	ps, f, ev := newTestPools(t, 10, &pressure)
+	ctx := context.Background()
+	if _, err := ps.Set(ctx, Config{Template: "base", Min: 2, Max: 4}); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, ps, 2)
+	for id, owned := range f.owned {
+		if !owned {
+			t.Errorf("%s was started before the pools owned it", id)
+		}
+	}
+
+	// The template gets a new version: a take of it discards what the
+	// pool holds (and what a refill still running started) and misses.
+	f.mu.Lock()
+	f.version = "base:v2"
+	f.mu.Unlock()
+	if pd := ps.Take("base", "base:v2"); pd != nil {
+		t.Fatalf("took %+v of version %s, want a miss", pd, pd.Version)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for f.runningOf("base:v1") != 0 && time.Now().Before(deadline) {
+		ps.Take("base", "base:v2") // drops v1 sandboxes a late refill added
+		ps.Refill()
+		time.Sleep(5 * time.Millisecond) // stale ones are discarded in the background
+	}
+	if n := f.runningOf("base:v1"); n != 0 {
+		t.Fatalf("%d stale pooled sandboxes still run", n)
+	}
+	waitIdle(t, ps, -1) // the misses grew the target past the min
+	pd := ps.Take("base", "base:v2")
+	if pd == nil || !ps.Owns(pd.ID) {
+		t.Fatalf("take: %+v (owned %v), want a sandbox still owned until released", pd, pd != nil && ps.Owns(pd.ID))
+	}
+	ps.Release(pd.ID)
+	if ps.Owns(pd.ID) {
+		t.Fatal("released sandbox still owned")
+	}
+
+	// At the global limit (Room: the limit less the live sandboxes, here
+	// the idle ones' worth) a user's create makes room.
+	idle := ps.List()[0].Idle
+	f.mu.Lock()
+	f.room = idle
+	f.mu.Unlock()
+	if free := ps.Free(); free != 0 {
+		t.Fatalf("free %d with %d idle sandboxes and room for as many, want 0", free, idle)
+	}
+	ps.MakeRoom()
+	if l := ps.List(); l[0].Idle != idle-1 || l[0].Evicted == 0 || ps.Free() != 1 {
+		t.Fatalf("after MakeRoom at the limit: %+v, free %d; want one idle sandbox evicted", l, ps.Free())
+	}
+	ps.MakeRoom() // room left: nothing is evicted
+	if l := ps.List(); l[0].Idle != idle-1 {
+		t.Fatalf("MakeRoom with room left evicted: %+v", l)
+	}
+
+	// Memory pressure empties the pools and records why.
+	pressure.Store(true)
+	ps.Refill()
+	if l := ps.List(); l[0].Idle != 0 {
+		t.Fatalf("under pressure: %+v, want no idle sandbox", l)
+	}
+	if !ev.has("pool.emptied") {
+		t.Fatal("no pool.emptied event under memory pressure")
+	}
+	if n := f.runningCount(); n != 1 { // the taken one, live now
+		t.Fatalf("%d sandboxes run under memory pressure, want only the taken one", n)
+	}
+}
+
+// TestPoolsRefuseBadSizes: a pool configuration out of bounds is refused
+// with an InvalidError and changes nothing (no pool, no record).
+func TestPoolsRefuseBadSizes(t *testing.T) {
+	var pressure atomic.Bool
+	ps, _, _ := newTestPools(t, 10, &pressure)
+	for _, c := range []Config{
+		{Template: "base", Min: -1},
+		{Template: "base", Min: 3, Max: 2},
+		{Template: "base", Min: 1, Max: MaxSize + 1},
+		{Template: "base", Min: 1, MaxIdle: time.Second},
+		{Template: "base", Min: 1, MaxIdle: 25 * time.Hour},
+	} {
+		_, err := ps.Set(context.Background(), c)
+		if _, ok := err.(*InvalidError); !ok {
+			t.Errorf("Set(%+v) = %v, want an InvalidError", c, err)
+		}
+	}
+	if l := ps.List(); len(l) != 0 {
+		t.Fatalf("pools after refused sets: %+v", l)
+	}
+	ps.Load(context.Background())
+	if l := ps.List(); len(l) != 0 {
+		t.Fatalf("pools recorded by refused sets: %+v", l)
+	}
+}
