@@ -19,9 +19,7 @@ import (
 	"time"
 
 	"github.com/corralhq/corral/internal/agentclient"
-	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
-	"github.com/corralhq/corral/internal/gateway"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/idgen"
 	"github.com/corralhq/corral/internal/inroot"
@@ -82,16 +80,17 @@ type Config struct {
 	KillGrace time.Duration
 	// WatchInterval is how often running sandboxes are checked for death (1 s).
 	WatchInterval time.Duration
-	// Gateway gives sandboxes their network; nil means networking is
-	// unavailable and only "none" is accepted.
-	Gateway *gateway.Gateway
+	// Gateway gives sandboxes their network (a *gateway.Gateway); nil
+	// means networking is unavailable and only "none" is accepted.
+	Gateway networkGateway
 	// EgressLimits are the per-sandbox egress caps (zero fields: defaults).
 	EgressLimits egress.Limits
 	// RefuseEnvSecrets refuses create requests whose env vars look like
 	// secrets; by default they are accepted with a warning.
 	RefuseEnvSecrets bool
-	// Audit, when set, receives lifecycle and network events.
-	Audit *audit.Log
+	// Audit, when set, receives lifecycle and network events (an
+	// *audit.Log).
+	Audit auditRecorder
 	// Governor, when set, keeps tasks: budgets, breakers, loop detection.
 	Governor *govern.Governor
 	// Admission limits running sandboxes globally and per agent; it is
@@ -218,7 +217,7 @@ func New(cfg Config, st *store.Store, d runtime.Driver, t TemplateRegistry, log 
 	m := &Manager{cfg: cfg, store: st, driver: d, templates: t, log: log,
 		live: map[string]*liveSandbox{}, tickets: map[string]*govern.Ticket{},
 		stop: make(chan struct{}), done: make(chan struct{})}
-	m.pools = pool.New(poolStarter{m}, st, auditOf(cfg.Audit), cfg.MemoryPressure, log)
+	m.pools = pool.New(poolStarter{m}, st, cfg.Audit, cfg.MemoryPressure, log)
 	go m.watch()
 	return m
 }

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/pool"
 	"github.com/corralhq/corral/internal/runtime"
@@ -118,13 +117,3 @@ func (m *Manager) Pools() []PoolStats { return m.pools.List() }
 // RefillPools runs one refill pass of the warm pools now (the watch loop
 // runs one every second).
 func (m *Manager) RefillPools() { m.pools.Refill() }
-
-// auditOf is l as the pools' recorder: nil when there is no log.
-func auditOf(l *audit.Log) interface {
-	Record(sandbox, kind string, data any)
-} {
-	if l == nil {
-		return nil
-	}
-	return l
-}

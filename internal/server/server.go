@@ -425,12 +425,16 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	volSvc = volume.NewService(vols, st, al, cfg.Log)
 	var wd *watchdog.Watchdog
-	mgr = sandbox.New(sandbox.Config{
-		KillGrace: cfg.KillGrace, Gateway: gw, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
+	mcfg := sandbox.Config{
+		KillGrace: cfg.KillGrace, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
 		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: volSvc, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
 		IDBase: ids.Base,
-	}, st, drv, reg, cfg.Log)
+	}
+	if gw != nil { // a nil *Gateway in the interface would not be nil
+		mcfg.Gateway = gw
+	}
+	mgr = sandbox.New(mcfg, st, drv, reg, cfg.Log)
 	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
 	mgr.SetWatchdog(wd)
 	wctx, wcancel := context.WithCancel(context.Background())

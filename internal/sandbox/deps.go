@@ -1,0 +1,49 @@
+package sandbox
+
+import (
+	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/netns"
+	"github.com/corralhq/corral/internal/runtime"
+)
+
+// What the Manager needs of the server's other parts, declared here where
+// it is used; internal/server passes the concrete types (*audit.Log,
+// *gateway.Gateway, *volume.Service). A nil field means the part is
+// absent. (The volumes' interface is in volumes.go, the pools' in
+// pool.go.)
+
+// auditRecorder records an event of a sandbox ("" for none) in the audit
+// log (*audit.Log).
+type auditRecorder interface {
+	Record(sandbox, kind string, data any)
+}
+
+// networkGateway gives sandboxes their network (*gateway.Gateway): the
+// host side of each sandbox's veth pair, its egress policy in the proxy
+// and DNS filter, and the reaping of what a sandbox left.
+type networkGateway interface {
+	// ResolvConf is the resolv.conf every sandbox gets.
+	ResolvConf() string
+	// TrustFiles are the binds and env that make a rootfs trust the
+	// egress CA (sandboxes with secrets).
+	TrustFiles(rootfs string) ([]runtime.FileBind, map[string]string, error)
+	// Reserve reserves a sandbox's addresses before it starts; Reserved
+	// says whether it holds some; Attach makes its veth pair in the
+	// sandbox's network namespace; Link returns the pair if any.
+	Reserve(id string) (*netns.Link, error)
+	Reserved(id string) bool
+	Attach(id, nsPath string) (*netns.Link, error)
+	Link(id string) (*netns.Link, bool)
+	// Set installs a sandbox's egress policy; Remove removes its network.
+	Set(id string, c egress.Client) error
+	Remove(id string) error
+	// Adopt takes over the veth pairs a previous run left for the
+	// sandboxes keep accepts; Reap removes those of sandboxes keep
+	// refuses and returns their ids.
+	Adopt(keep func(id string) bool) ([]*netns.Link, error)
+	Reap(keep func(id string) bool) []string
+	// Ensure reinstalls the nftables table if it went missing.
+	Ensure() (restored bool, err error)
+	// Usage returns a sandbox's egress counters.
+	Usage(id string) egress.Usage
+}
