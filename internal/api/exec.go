@@ -271,7 +271,7 @@ func (s *Server) writeAgentErr(w http.ResponseWriter, r *http.Request, err error
 	writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the sandbox's agent did not answer")
 }
 
-// agentReplyMessage is the part of an ErrAgentReply error that the
+// agentReplyMessage is the part of an agentclient.ErrReply error that the
 // control plane wrote (connect-go's wrapping around it is dropped).
 func agentReplyMessage(err error) string {
 	msg := err.Error()

@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/corralhq/corral/proto/agentproto"
 	"github.com/corralhq/corral/proto/process"
 	"github.com/corralhq/corral/proto/process/processconnect"
 )
@@ -115,7 +116,7 @@ func (s *Sandbox) processClient() processconnect.ProcessClient {
 
 func setUser(h interface{ Set(string, string) }, user string) {
 	if user != "" {
-		h.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
+		h.Set("Authorization", agentproto.UserAuthScheme+base64.StdEncoding.EncodeToString([]byte(user+":")))
 	}
 }
 

@@ -3,7 +3,6 @@ package drivertest
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -13,7 +12,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/corralhq/corral/internal/agentclient"
 	"github.com/corralhq/corral/internal/runtime"
+	"github.com/corralhq/corral/proto/agentproto"
 	"github.com/corralhq/corral/proto/process"
 	"github.com/corralhq/corral/proto/process/processconnect"
 )
@@ -79,10 +80,10 @@ func (a *agent) run(ctx context.Context, user, script string) result {
 	defer cancel()
 	req := connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", script}}})
 	if a.token != "" {
-		req.Header().Set("X-Access-Token", a.token)
+		req.Header().Set(agentproto.AccessTokenHeader, a.token)
 	}
 	if user != "" {
-		req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
+		req.Header().Set("Authorization", agentclient.BasicUser(user))
 	}
 	var res result
 	stream, err := a.pc.Start(ctx, req)

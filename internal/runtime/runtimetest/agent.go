@@ -23,15 +23,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/corralhq/corral/internal/runtime"
+	"github.com/corralhq/corral/proto/agentproto"
 	fspb "github.com/corralhq/corral/proto/filesystem"
 	"github.com/corralhq/corral/proto/filesystem/filesystemconnect"
 	pb "github.com/corralhq/corral/proto/process"
 	"github.com/corralhq/corral/proto/process/processconnect"
 )
-
-// AccessTokenHeader is the header the agent reads the access token from
-// (the real agent's, internal/agent/auth.go).
-const AccessTokenHeader = "X-Access-Token"
 
 // msgUnauthorized is the real agent's 401 message (envd's wording).
 const msgUnauthorized = "unauthorized access, please provide a valid access token or method signing if supported"
@@ -139,7 +136,7 @@ func (a *agent) auth(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		hdr := r.Header.Get(AccessTokenHeader)
+		hdr := r.Header.Get(agentproto.AccessTokenHeader)
 		if hdr == "" && r.URL.Path == "/files" && (r.Method == http.MethodGet || r.Method == http.MethodPost) {
 			if msg := a.checkSignature(r); msg != "" {
 				writeJSONError(w, http.StatusUnauthorized, msg)
@@ -223,7 +220,7 @@ func userOf(name string) (string, error) {
 func rpcUser(h http.Header) (string, error) {
 	name := ""
 	if v := h.Get("Authorization"); v != "" {
-		enc, ok := strings.CutPrefix(v, "Basic ")
+		enc, ok := strings.CutPrefix(v, agentproto.UserAuthScheme)
 		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
 		if !ok || err != nil {
 			return "", connect.NewError(connect.CodeUnauthenticated, errors.New("invalid authorization header"))

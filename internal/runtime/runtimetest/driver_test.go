@@ -21,6 +21,7 @@ import (
 
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/runtime/runtimetest"
+	"github.com/corralhq/corral/proto/agentproto"
 	pb "github.com/corralhq/corral/proto/process"
 	"github.com/corralhq/corral/proto/process/processconnect"
 )
@@ -46,7 +47,7 @@ func client(d *runtimetest.Driver, id, tok string) *http.Client {
 	return &http.Client{Transport: rt(func(r *http.Request) (*http.Response, error) {
 		if tok != "" {
 			r = r.Clone(r.Context())
-			r.Header.Set(runtimetest.AccessTokenHeader, tok)
+			r.Header.Set(agentproto.AccessTokenHeader, tok)
 		}
 		return tr.RoundTrip(r)
 	})}
