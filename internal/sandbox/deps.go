@@ -9,7 +9,8 @@ import (
 // What the Manager needs of the server's other parts, declared here where
 // it is used; internal/server passes the concrete types (*audit.Log,
 // *gateway.Gateway, *volume.Service). A nil field means the part is
-// absent. (The volumes' interface is in volumes.go, the pools' in
+// absent; set a field only with a non-nil pointer (an interface holding
+// a nil pointer is not nil). (The volumes' interface is in volumes.go, the pools' in
 // pool.go.)
 
 // auditRecorder records an event of a sandbox ("" for none) in the audit
