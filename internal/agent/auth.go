@@ -1,12 +1,9 @@
 package agent
 
 import (
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/corralhq/corral/proto/agentproto"
@@ -91,13 +88,11 @@ func (s *Server) checkSignature(r *http.Request, op string, now time.Time) strin
 	return ""
 }
 
-// signature computes the e2b v1 URL signature:
-// "v1_" + base64(sha256("<path>:<op>:<user>:<token>[:<exp>]")) without padding.
+// signature computes the e2b v1 URL signature (agentproto.Signature).
 func signature(path, op, user, token string, exp *int64) string {
-	raw := path + ":" + op + ":" + user + ":" + token
+	e := ""
 	if exp != nil {
-		raw += ":" + strconv.FormatInt(*exp, 10)
+		e = strconv.FormatInt(*exp, 10)
 	}
-	sum := sha256.Sum256([]byte(raw))
-	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+	return agentproto.Signature(path, op, user, token, e)
 }

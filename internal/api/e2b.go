@@ -683,8 +683,7 @@ func signTail(prefix hash.Hash, token, exp string) string {
 	if exp != "" {
 		io.WriteString(h, ":"+exp)
 	}
-	sum := h.Sum(nil)
-	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum), "=")
+	return agentproto.FormatSignature(h.Sum(nil))
 }
 
 // e2bHost parses a <port>-<id>.<domain> host name.

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/corralhq/corral/proto/agentproto"
 )
 
 // stall is the progress deadline of these tests; the waits for an
@@ -225,12 +227,9 @@ func TestSignTail(t *testing.T) {
 	io.WriteString(prefix, "/home/user/a.txt:write:user:")
 	for _, tc := range []struct{ token, exp string }{{"tok1", ""}, {"tok2", "1767225600"}, {"tok1", ""}} {
 		got := signTail(prefix, tc.token, tc.exp)
-		msg := "/home/user/a.txt:write:user:" + tc.token
-		if tc.exp != "" {
-			msg += ":" + tc.exp
-		}
-		if got != want(msg) || len(got) != signatureLen || !wellFormedSignature(got, tc.exp) {
-			t.Fatalf("signTail(%q, %q) = %q; want %q", tc.token, tc.exp, got, want(msg))
+		w := agentproto.Signature("/home/user/a.txt", "write", "user", tc.token, tc.exp)
+		if got != w || len(got) != signatureLen || !wellFormedSignature(got, tc.exp) {
+			t.Fatalf("signTail(%q, %q) = %q; want %q", tc.token, tc.exp, got, w)
 		}
 	}
 	for _, bad := range []struct{ sig, exp string }{{"v1_short", ""}, {"v2_" + strings.Repeat("A", 43), ""}, {want("x"), "12a"}, {want("x"), strings.Repeat("9", 21)}} {

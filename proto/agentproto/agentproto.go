@@ -5,6 +5,12 @@
 // is defined here once, so that the two sides cannot drift apart.
 package agentproto
 
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"strings"
+)
+
 // AccessTokenHeader carries a sandbox's access token on every agent call
 // but GET /health (envd's header, which the E2B SDKs send too).
 const AccessTokenHeader = "X-Access-Token"
@@ -19,3 +25,24 @@ const PortPath = "/port/"
 // UserAuthScheme is the Authorization scheme that selects the user of an
 // agent call: "Basic base64(<user>:)", as envd reads it.
 const UserAuthScheme = "Basic "
+
+// Signature is the E2B v1 signature of a /files URL for path, op ("read"
+// or "write"), user ("" when the URL names none) and the sandbox's access
+// token, with the expiry exp in unix seconds ("" for none):
+// "v1_" + base64(sha256("<path>:<op>:<user>:<token>[:<exp>]")) without
+// padding. The agent checks it, the control plane routes by it, and the
+// SDKs compute it (docs/e2b-protocol.md).
+func Signature(path, op, user, token, exp string) string {
+	raw := path + ":" + op + ":" + user + ":" + token
+	if exp != "" {
+		raw += ":" + exp
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return FormatSignature(sum[:])
+}
+
+// FormatSignature formats the SHA-256 sum of a signed URL's fields as a v1
+// signature (for callers that hash the fields incrementally).
+func FormatSignature(sum []byte) string {
+	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum), "=")
+}

@@ -44,3 +44,21 @@ func TestDefinedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSignature checks the v1 signature against the vector E2B's SDK
+// tests use, and the expiry's place in the signed text.
+func TestSignature(t *testing.T) {
+	tests := []struct {
+		path, op, user, token, exp, want string
+	}{
+		{"hello.txt", "read", "user", "0tQG31xiMp0IOQfaz9dcwi72L1CPo8e0", "", "v1_gUtH/s9YCJWgCizjfUxuWfhFE4QSydOWEIIvfLwDr6E"},
+	}
+	for _, tc := range tests {
+		if got := Signature(tc.path, tc.op, tc.user, tc.token, tc.exp); got != tc.want {
+			t.Errorf("Signature(%q, %q, %q, %q, %q) = %q, want %q", tc.path, tc.op, tc.user, tc.token, tc.exp, got, tc.want)
+		}
+	}
+	if a, b := Signature("p", "read", "", "t", ""), Signature("p", "read", "", "t", "1767225600"); a == b || len(b) != len(a) {
+		t.Errorf("an expiry must change the signature and keep its length: %q %q", a, b)
+	}
+}

@@ -2,7 +2,6 @@ package runtimetest
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
@@ -165,19 +164,17 @@ func (a *agent) checkSignature(r *http.Request) string {
 	if r.Method == http.MethodPost {
 		op = "write"
 	}
-	raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + a.token
-	if v := q.Get("signature_expiration"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
+	exp := q.Get("signature_expiration")
+	if exp != "" {
+		n, err := strconv.ParseInt(exp, 10, 64)
 		if err != nil {
 			return "invalid signature"
 		}
 		if n < time.Now().Unix() {
 			return "signature is already expired"
 		}
-		raw += ":" + v
 	}
-	sum := sha256.Sum256([]byte(raw))
-	want := "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+	want := agentproto.Signature(q.Get("path"), op, q.Get("username"), a.token, exp)
 	if subtle.ConstantTimeCompare([]byte(sig), []byte(want)) != 1 {
 		return "invalid signature"
 	}
@@ -187,12 +184,11 @@ func (a *agent) checkSignature(r *http.Request) string {
 // Sign returns the v1 signature of a /files URL for path, op ("read" or
 // "write") and user made with token, with an expiry when exp is not 0.
 func Sign(path, op, user, token string, exp int64) string {
-	raw := path + ":" + op + ":" + user + ":" + token
+	e := ""
 	if exp != 0 {
-		raw += ":" + strconv.FormatInt(exp, 10)
+		e = strconv.FormatInt(exp, 10)
 	}
-	sum := sha256.Sum256([]byte(raw))
-	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+	return agentproto.Signature(path, op, user, token, e)
 }
 
 func writeJSONError(w http.ResponseWriter, status int, msg string) {
