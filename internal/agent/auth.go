@@ -17,6 +17,13 @@ const (
 	msgInvalidSignature = "invalid signature"
 )
 
+// RequireToken wraps next in the agent's access-token check for token
+// (authMiddleware), so that an agent stand-in (the fake driver's) enforces
+// exactly the rule the real agent does.
+func RequireToken(token string, next http.Handler) http.Handler {
+	return (&Server{token: token}).authMiddleware(next)
+}
+
 // authMiddleware enforces the access token when one is configured:
 // X-Access-Token on everything but GET /health; /files also accepts a v1
 // URL signature instead of the header.

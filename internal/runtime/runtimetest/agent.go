@@ -2,7 +2,6 @@ package runtimetest
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -21,6 +20,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	realagent "github.com/corralhq/corral/internal/agent"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/proto/agentproto"
 	fspb "github.com/corralhq/corral/proto/filesystem"
@@ -28,9 +28,6 @@ import (
 	pb "github.com/corralhq/corral/proto/process"
 	"github.com/corralhq/corral/proto/process/processconnect"
 )
-
-// msgUnauthorized is the real agent's 401 message (envd's wording).
-const msgUnauthorized = "unauthorized access, please provide a valid access token or method signing if supported"
 
 // maxUpload bounds one POST /files body of the fake agent.
 const maxUpload = 16 << 20
@@ -102,7 +99,7 @@ func (a *agent) handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("GET /files", a.download)
 	mux.HandleFunc("POST /files", a.upload)
-	return a.gate(a.auth(mux))
+	return a.gate(realagent.RequireToken(a.token, mux))
 }
 
 // gate holds requests while the sandbox is paused (its agent is frozen)
@@ -121,64 +118,6 @@ func (a *agent) gate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// auth checks the access token as the real agent does: X-Access-Token on
-// everything but GET /health; GET and POST /files also take a v1 URL
-// signature made with the token instead.
-func (a *agent) auth(next http.Handler) http.Handler {
-	if a.token == "" {
-		return next
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" {
-			next.ServeHTTP(w, r)
-			return
-		}
-		hdr := r.Header.Get(agentproto.AccessTokenHeader)
-		if hdr == "" && r.URL.Path == "/files" && (r.Method == http.MethodGet || r.Method == http.MethodPost) {
-			if msg := a.checkSignature(r); msg != "" {
-				writeJSONError(w, http.StatusUnauthorized, msg)
-				return
-			}
-			next.ServeHTTP(w, r)
-			return
-		}
-		if subtle.ConstantTimeCompare([]byte(hdr), []byte(a.token)) != 1 {
-			writeJSONError(w, http.StatusUnauthorized, msgUnauthorized)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// checkSignature validates a /files URL signature (envd's v1 scheme, as
-// the real agent checks it); "" when valid, else the 401 message.
-func (a *agent) checkSignature(r *http.Request) string {
-	q := r.URL.Query()
-	sig := q.Get("signature")
-	if sig == "" {
-		return "missing signature query parameter"
-	}
-	op := "read"
-	if r.Method == http.MethodPost {
-		op = "write"
-	}
-	exp := q.Get("signature_expiration")
-	if exp != "" {
-		n, err := strconv.ParseInt(exp, 10, 64)
-		if err != nil {
-			return "invalid signature"
-		}
-		if n < time.Now().Unix() {
-			return "signature is already expired"
-		}
-	}
-	want := agentproto.Signature(q.Get("path"), op, q.Get("username"), a.token, exp)
-	if subtle.ConstantTimeCompare([]byte(sig), []byte(want)) != 1 {
-		return "invalid signature"
-	}
-	return ""
 }
 
 // Sign returns the v1 signature of a /files URL for path, op ("read" or
