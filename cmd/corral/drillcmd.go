@@ -108,12 +108,32 @@ func drillSandbox(ctx context.Context, c *corral.Client, task string, o corral.C
 	if o.Timeout == 0 {
 		o.Timeout = 2 * time.Minute
 	}
-	sb, err := c.Create(ctx, o)
-	if err != nil {
-		return nil, func() {}, err
+	// The drills create a sandbox each in quick succession as one agent,
+	// so the server's per-agent create rate can answer capacity_exceeded:
+	// wait as its Retry-After says, as a well-behaved client does, for up
+	// to drillCapacityWait in all.
+	deadline := time.Now().Add(drillCapacityWait)
+	for {
+		sb, err := c.Create(ctx, o)
+		var ae *corral.APIError
+		if corral.IsCapacityExceeded(err) && errors.As(err, &ae) && ae.RetryAfter > 0 && time.Now().Add(ae.RetryAfter).Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return nil, func() {}, ctx.Err()
+			case <-time.After(ae.RetryAfter):
+			}
+			continue
+		}
+		if err != nil {
+			return nil, func() {}, err
+		}
+		return sb, func() { _, _ = c.Kill(context.WithoutCancel(ctx), sb.ID) }, nil
 	}
-	return sb, func() { _, _ = c.Kill(context.WithoutCancel(ctx), sb.ID) }, nil
 }
+
+// drillCapacityWait bounds how long a drill waits for a sandbox slot when
+// the server answers capacity_exceeded with a Retry-After.
+const drillCapacityWait = time.Minute
 
 func drills() []drill {
 	return []drill{
