@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -206,4 +207,88 @@ func TestRouteFamilies(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestEveryRouteAuthenticated guards against a route registered without
+// the API-key check (an open door for every caller that can reach the
+// port): every s.mux.Handle registration in the API's sources goes
+// through s.auth or s.e2bAuth unless it is one of the few public routes
+// named here with the reason, and each authenticated route, called
+// without a key or with a wrong one, answers 401 in its family's shape
+// without reaching its handler.
+func TestEveryRouteAuthenticated(t *testing.T) {
+	// Envd traffic (E2b-Sandbox-Id, <port>-<id> hosts, signed /files) is
+	// routed before this mux (Server.route) and checks the sandbox's
+	// access token or signature instead.
+	public := map[string]string{
+		`"GET /healthz"`:    "liveness probe, no data",
+		`"/volumecontent/"`: "E2B volume content API: its own per-volume token",
+		`"/"`:               "the not-found answer, no data",
+	}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type route struct {
+		method, path string
+		e2b          bool
+	}
+	var routes []route
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(src), "\n") {
+			line = strings.TrimSpace(line)
+			if !strings.HasPrefix(line, "s.mux.Handle(") && !strings.HasPrefix(line, "s.mux.HandleFunc(") {
+				continue
+			}
+			args := line[strings.Index(line, "(")+1:]
+			pattern, rest, _ := strings.Cut(args, ",")
+			rest = strings.TrimSpace(rest)
+			authed, e2b := strings.HasPrefix(rest, "s.auth("), strings.HasPrefix(rest, "s.e2bAuth(")
+			if !authed && !e2b {
+				if _, ok := public[pattern]; !ok {
+					t.Errorf("%s: route %s is registered without s.auth or s.e2bAuth: %s", f, pattern, line)
+				}
+				continue
+			}
+			method, path, ok := strings.Cut(strings.Trim(pattern, `"`), " ")
+			if !ok { // a pattern for every method
+				method, path = http.MethodGet, method
+			}
+			for _, p := range []string{"{id}", "{ref}", "{name}", "{template}", "{alias}"} {
+				path = strings.ReplaceAll(path, p, "x")
+			}
+			routes = append(routes, route{method, path, e2b})
+		}
+	}
+	if len(routes) < 60 {
+		t.Fatalf("found %d authenticated routes in the sources; the parser lost some", len(routes))
+	}
+	_, st := authServer(t)
+	s := New(Config{Metrics: http.NotFoundHandler()}, new(sandbox.Manager), st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, c := range routes {
+		for _, key := range []string{"", "e2b_wrong"} {
+			req := httptest.NewRequest(c.method, c.path, strings.NewReader("{}"))
+			if key != "" {
+				req.Header.Set("X-API-Key", key)
+			}
+			rec := httptest.NewRecorder()
+			s.ServeHTTP(rec, req)
+			body := rec.Body.String()
+			shape := strings.Contains(body, `"code":"unauthenticated"`)
+			if c.e2b {
+				shape = strings.Contains(body, `"code":401`)
+			}
+			if rec.Code != http.StatusUnauthorized || !shape {
+				t.Errorf("%s %s (key %q): %d %s; want 401", c.method, c.path, key, rec.Code, body)
+			}
+		}
+	}
+	t.Logf("%d authenticated routes refuse a missing or wrong key", len(routes))
 }
