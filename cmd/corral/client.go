@@ -79,7 +79,15 @@ func (g *clientGlobals) client() (*corral.Client, error) {
 			return nil, err
 		}
 	}
-	return corral.New(server, key, corral.WithUserAgent("corral-cli")), nil
+	opts := []corral.Option{corral.WithUserAgent("corral-cli")}
+	if f := os.Getenv(corral.CAFileEnv); f != "" {
+		pool, err := corral.LoadCAFile(f)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, corral.WithRootCAs(pool))
+	}
+	return corral.New(server, key, opts...), nil
 }
 
 func firstNonEmpty(v ...string) string {

@@ -7,6 +7,7 @@ package server
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
@@ -51,6 +52,14 @@ const (
 type Config struct {
 	// Listen is the HTTP address (default 127.0.0.1:7420).
 	Listen string
+	// TLSCert and TLSKey are PEM files of the server's certificate (chain)
+	// and private key (--tls-cert, --tls-key): both or neither. With them
+	// the API is served over HTTPS (TLS 1.2 or later). They are read once
+	// at start; a renewed certificate takes a restart.
+	TLSCert, TLSKey string
+	// Insecure allows serving plain HTTP on an address that is not
+	// loopback (--insecure).
+	Insecure bool
 	// DataDir holds the database, admin key, templates and sandbox state.
 	DataDir string
 	// TemplateCache holds template builds (default /var/cache/corral/templates).
@@ -212,11 +221,7 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("e2b-internet %q: use none or all-public", c.E2BInternet))
 	}
-	if c.Listen != "" {
-		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-			errs = append(errs, fmt.Errorf("listen %q: %w", c.Listen, err))
-		}
-	}
+	errs = append(errs, c.checkTLS())
 	if c.EgressResolver != "" {
 		if _, _, err := net.SplitHostPort(c.EgressResolver); err != nil {
 			errs = append(errs, fmt.Errorf("egress-resolver %q: %w", c.EgressResolver, err))
@@ -543,6 +548,58 @@ func (s *Server) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// checkTLS checks --listen, --tls-cert, --tls-key and --insecure. It
+// defends against API keys and sandbox tokens crossing a network in clear
+// text: a plain-HTTP listener on an address that is not loopback is
+// refused unless --insecure says so. A certificate and key that do not
+// load as a pair are refused at start (naming the files, never their
+// contents) rather than at the first handshake.
+func (c *Config) checkTLS() error {
+	listen := c.Listen
+	if listen == "" {
+		listen = DefaultListen
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("listen %q: %w", listen, err)
+	}
+	switch {
+	case c.TLSCert == "" && c.TLSKey == "":
+		if !c.Insecure && !IsLoopbackHost(host) {
+			return fmt.Errorf("listen %q is not a loopback address and no TLS is configured: API keys and sandbox tokens would cross the network in clear text; give --tls-cert and --tls-key, or --insecure to serve plain HTTP anyway (for example behind a TLS-terminating proxy)", listen)
+		}
+		return nil
+	case c.TLSCert == "":
+		return errors.New("tls-key is set without tls-cert: give both or neither")
+	case c.TLSKey == "":
+		return errors.New("tls-cert is set without tls-key: give both or neither")
+	}
+	for _, f := range []struct{ flag, path string }{{"tls-cert", c.TLSCert}, {"tls-key", c.TLSKey}} {
+		fh, err := os.Open(f.path)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", f.flag, f.path, err)
+		}
+		fh.Close()
+	}
+	if _, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey); err != nil {
+		// The crypto/tls errors describe the PEM blocks and the mismatch,
+		// not the key's bytes.
+		return fmt.Errorf("tls-cert %s and tls-key %s are not a valid certificate and private key pair: %w", c.TLSCert, c.TLSKey, err)
+	}
+	return nil
+}
+
+// IsLoopbackHost reports whether host (from HOST:PORT) is "localhost" or
+// an address in 127.0.0.0/8 or ::1. The empty host and 0.0.0.0 or ::
+// (every interface) are not loopback.
+func IsLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
+
 // HTTPServer returns the HTTP server for s.Handler with the listener's
 // bounds: headers must arrive within HTTPHeaderTimeout and stay under
 // 64 KiB, idle keep-alive connections close after HTTPIdleTimeout. There
@@ -566,9 +623,21 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	hs := s.HTTPServer()
+	scheme := "http"
+	if s.cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
+		if err != nil {
+			ln.Close()
+			s.Close(context.Background())
+			return fmt.Errorf("tls-cert %s and tls-key %s: %w", s.cfg.TLSCert, s.cfg.TLSKey, err)
+		}
+		hs.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+		ln = tls.NewListener(ln, hs.TLSConfig)
+		scheme = "https"
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	s.cfg.Log.Info("corral serving", "listen", ln.Addr().String(), "data", s.cfg.DataDir)
+	s.cfg.Log.Info("corral serving", "listen", ln.Addr().String(), "scheme", scheme, "data", s.cfg.DataDir)
 	select {
 	case <-ctx.Done():
 	case err = <-errc:

@@ -3,6 +3,8 @@ package corral
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -53,6 +55,36 @@ func WithHTTPClient(hc *http.Client) Option {
 	}
 }
 
+// CAFileEnv names the environment variable holding a PEM file of CAs to
+// trust for an https:// server (a private CA), read by [NewFromEnv] and
+// the CLI. Unset, the system's trust store is used.
+const CAFileEnv = "CORRAL_CA_FILE"
+
+// LoadCAFile reads a PEM file of CA certificates for [WithRootCAs]. It
+// fails when the file cannot be read or holds no certificate.
+func LoadCAFile(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("corral: CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("corral: CA file %s: no PEM certificate in it", path)
+	}
+	return pool, nil
+}
+
+// WithRootCAs makes the client trust only pool's CAs for an https://
+// server (TLS 1.2 or later), instead of the system's trust store. It
+// replaces the transport of an earlier [WithHTTPClient].
+func WithRootCAs(pool *x509.CertPool) Option {
+	return func(c *Client) {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		c.http = &http.Client{Transport: &transport{base: t, c: c}}
+	}
+}
+
 // WithUserAgent sets the User-Agent header sent on every request.
 func WithUserAgent(ua string) Option {
 	return func(c *Client) { c.userAgent = ua }
@@ -75,7 +107,8 @@ func New(baseURL, apiKey string, opts ...Option) *Client {
 
 // NewFromEnv returns a client configured from the environment: the server
 // URL from CORRAL_URL (default [DefaultURL]) and the API key from
-// CORRAL_API_KEY. Without CORRAL_API_KEY, when the server is local
+// CORRAL_API_KEY, trusting the CAs in CORRAL_CA_FILE ([CAFileEnv]) when it
+// is set. Without CORRAL_API_KEY, when the server is local
 // (127.0.0.1, ::1 or localhost), the key is read from admin.key in
 // CORRAL_DATA (default [DefaultDataDir]). It fails if no key can be found.
 func NewFromEnv(opts ...Option) (*Client, error) {
@@ -90,6 +123,13 @@ func NewFromEnv(opts ...Option) (*Client, error) {
 		if err != nil {
 			return nil, err
 		}
+	}
+	if f := os.Getenv(CAFileEnv); f != "" {
+		pool, err := LoadCAFile(f)
+		if err != nil {
+			return nil, err
+		}
+		opts = append([]Option{WithRootCAs(pool)}, opts...)
 	}
 	return New(base, key, opts...), nil
 }
