@@ -275,6 +275,13 @@ type serveProc struct {
 // shared template cache (CORRAL_TEMPLATE_CACHE or its default).
 func startServe(t *testing.T, data, addr string, extra ...string) *serveProc {
 	t.Helper()
+	return startServeURL(t, data, addr, "http://"+addr, http.DefaultClient, extra...)
+}
+
+// startServeURL is startServe for a server that answers on url (an
+// https:// one for a server with --tls-cert), polled with hc.
+func startServeURL(t *testing.T, data, addr, url string, hc *http.Client, extra ...string) *serveProc {
+	t.Helper()
 	// The uid range is recorded in copies of /etc's files, kept across
 	// restarts of the same data dir.
 	etc := data + ".etc"
@@ -284,7 +291,7 @@ func startServe(t *testing.T, data, addr string, extra ...string) *serveProc {
 		}
 	}
 	args := append([]string{"serve", "--data", data, "--listen", addr, "--id-files", etc}, extra...)
-	p := &serveProc{log: &syncBuffer{}, url: "http://" + addr, done: make(chan struct{})}
+	p := &serveProc{log: &syncBuffer{}, url: url, done: make(chan struct{})}
 	p.cmd = exec.Command(env.bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	// Its own process group: a signal meant for it reaches nothing else.
@@ -306,7 +313,7 @@ func startServe(t *testing.T, data, addr string, extra ...string) *serveProc {
 			t.Fatalf("corral serve exited: %v\n%s", p.exit.Load(), logTail(p.log.String(), 40))
 		default:
 		}
-		resp, err := http.Get(p.url + "/healthz")
+		resp, err := hc.Get(p.url + "/healthz")
 		if err != nil {
 			return false
 		}
