@@ -179,3 +179,62 @@ func hexPort(port string) string {
 	const digits = "0123456789ABCDEF"
 	return string([]byte{digits[n>>12&15], digits[n>>8&15], digits[n>>4&15], digits[n&15]})
 }
+
+// TestE2BSDKOverTLS proves that the unmodified e2b JS SDK works against
+// `corral serve --tls-cert --tls-key` with https:// URLs and the test CA
+// in NODE_EXTRA_CA_CERTS (create, run a command, kill: REST and envd over
+// TLS), and refuses the server's certificate without that CA: the SDK
+// verifies what it connects to, so its API key is not sent to a server
+// it cannot authenticate.
+func TestE2BSDKOverTLS(t *testing.T) {
+	need(t)
+	node := e2bNode(t)
+	tmp := t.TempDir()
+	for d := tmp; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o711) // sandbox root must traverse to its rootfs
+	}
+	cert, key := selfSignedCert(t, tmp)
+	pool, err := corral.LoadCAFile(cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	addr := freeAddr(t)
+	p := startServeURL(t, filepath.Join(tmp, "data"), addr, "https://"+addr, hc,
+		"--tls-cert", cert, "--tls-key", key, "--no-network", "--kill-on-shutdown")
+	t.Cleanup(func() {
+		if p.running() {
+			_ = p.signal(t, syscall.SIGTERM)
+		}
+		if t.Failed() {
+			t.Logf("corral serve log (tail):\n%s", logTail(p.log.String(), 60))
+		}
+	})
+	const script = `import { Sandbox } from 'e2b'
+const sbx = await Sandbox.create({ timeoutMs: 120000 })
+try {
+  const r = await sbx.commands.run('echo tls-$((40+2))')
+  console.log('out=' + r.stdout.trim())
+} finally {
+  await sbx.kill()
+}`
+	run := func(extra ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, node, "--input-type=module", "-e", script)
+		cmd.Dir = e2bDir
+		cmd.Env = append(e2bEnvFor(p.url, p.key), extra...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("NODE_EXTRA_CA_CERTS=" + cert)
+	t.Logf("with the CA: %s", out)
+	if err != nil || !strings.Contains(out, "out=tls-42") {
+		t.Errorf("e2b SDK over https with NODE_EXTRA_CA_CERTS: %v\n%s", err, out)
+	}
+	out, err = run()
+	t.Logf("without the CA: %s", logTail(out, 5))
+	if err == nil || strings.Contains(out, "out=tls-42") || !strings.Contains(out, "certificate") {
+		t.Errorf("e2b SDK over https without the CA: %v, want a certificate failure\n%s", err, out)
+	}
+}
