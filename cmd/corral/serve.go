@@ -142,6 +142,7 @@ func serveFlags(o *serveOptions) *pflag.FlagSet {
 	f.StringVar(&cfg.AuditRetention.ArchiveDir, "audit-archive", "", "directory that receives audit events before retention deletes them, as gzip JSON Lines (default DATA/audit-archive)")
 	f.BoolVar(&cfg.NoAuditArchive, "no-audit-archive", false, "delete audit events past the retention without archiving them")
 	f.DurationVar(&cfg.AuditRetention.Interval, "audit-prune-interval", audit.DefaultPruneInterval, "time between retention runs; the first runs at start")
+	f.StringVar(&cfg.PortsDefault, "ports-default", "public", "port access of a sandbox whose create request does not say: public or private (a request to a port must carry the sandbox's traffic token)")
 	f.StringVar(&cfg.E2BInternet, "e2b-internet", server.DefaultE2BInternet, "network mode of E2B sandboxes created with internet access and no allowOut: none or all-public")
 	f.DurationVar(&cfg.HTTPHeaderTimeout, "http-header-timeout", server.DefaultHTTPHeaderTimeout, "time a client has to send a request's headers")
 	f.DurationVar(&cfg.HTTPIdleTimeout, "http-idle-timeout", server.DefaultHTTPIdleTimeout, "keep-alive connections idle this long between requests are closed")

@@ -76,6 +76,9 @@ type e2bSandbox struct {
 	EnvdVersion     string  `json:"envdVersion"`
 	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
 	Domain          *string `json:"domain"`
+	// TrafficAccessToken is the token a request to a private sandbox's
+	// port carries (null when its ports are public).
+	TrafficAccessToken *string `json:"trafficAccessToken"`
 }
 
 // e2bDetail is E2B's SandboxDetail / ListedSandbox.
@@ -120,8 +123,12 @@ type e2bNetworkOut struct {
 }
 
 func e2bSandboxOf(sb *store.Sandbox) e2bSandbox {
-	return e2bSandbox{SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "corral",
+	v := e2bSandbox{SandboxID: sb.ID, TemplateID: sb.Template, Alias: sb.Template, ClientID: "corral",
 		EnvdVersion: EnvdVersion, EnvdAccessToken: sb.AccessToken}
+	if sb.TrafficToken != "" {
+		v.TrafficAccessToken = &sb.TrafficToken
+	}
+	return v
 }
 
 func e2bDetailOf(sb *store.Sandbox, withToken bool) e2bDetail {
@@ -206,8 +213,13 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		e2bError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	public, err := e2bPublicTraffic(req.Network)
+	if err != nil {
+		e2bError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	cr := sandbox.CreateRequest{Template: req.TemplateID, Timeout: &ttl, Metadata: req.Metadata, Env: req.EnvVars,
-		Network: mode, Allow: allow,
+		Network: mode, Allow: allow, PublicTraffic: public,
 		// lifecycle.onTimeout "pause": E2B keeps memory unless keepMemory is false.
 		AutoPause: req.AutoPause != nil && *req.AutoPause, PauseMemory: req.AutoPauseMemory == nil || *req.AutoPauseMemory}
 	for _, vm := range mounts {

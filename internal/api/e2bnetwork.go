@@ -72,6 +72,21 @@ func e2bPolicy(internet *bool, raw json.RawMessage, internetMode string) (string
 	return internetMode, nil, nil
 }
 
+// e2bPublicTraffic returns network.allowPublicTraffic of an E2B create
+// body (nil when absent: the server's default).
+func e2bPublicTraffic(raw json.RawMessage) (*bool, error) {
+	if !present(raw) {
+		return nil, nil
+	}
+	var nc struct {
+		AllowPublicTraffic *bool `json:"allowPublicTraffic"`
+	}
+	if err := json.Unmarshal(raw, &nc); err != nil {
+		return nil, fmt.Errorf("network: %v", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	return nc.AllowPublicTraffic, nil
+}
+
 // e2bUpdateNetwork serves PUT /sandboxes/{id}/network: the body replaces
 // the sandbox's whole network configuration (omitted fields are cleared).
 func (s *Server) e2bUpdateNetwork(w http.ResponseWriter, r *http.Request) {

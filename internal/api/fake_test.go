@@ -40,7 +40,7 @@ type env struct {
 	srv *httptest.Server
 }
 
-func newEnv(t *testing.T, maxSandboxes int) *env {
+func newEnv(t *testing.T, maxSandboxes int, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
 	st, err := store.Open(filepath.Join(t.TempDir(), "corral.db"))
 	if err != nil {
@@ -52,12 +52,16 @@ func newEnv(t *testing.T, maxSandboxes int) *env {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	d := runtimetest.New()
 	reg, _ := registrytest.New(t, st)
-	m := sandbox.New(sandbox.Config{
+	mc := sandbox.Config{
 		WatchInterval: 20 * time.Millisecond, KillGrace: time.Millisecond,
 		SnapshotDir: filepath.Join(t.TempDir(), "snapshots"), MemoryPressure: func() bool { return false },
 		Admission: govern.NewAdmission(govern.AdmissionConfig{MaxConcurrent: maxSandboxes, MaxPerAgent: maxSandboxes,
 			AgentRate: 1000, AgentBurst: 1000}),
-	}, st, d, reg, log)
+	}
+	for _, o := range opts {
+		o(&mc)
+	}
+	m := sandbox.New(mc, st, d, reg, log)
 	if err := m.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}

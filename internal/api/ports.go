@@ -60,15 +60,39 @@ func newPortProxy(mgr *sandbox.Manager, log *slog.Logger) http.Handler {
 	}
 }
 
-// sandboxPort serves a request for port of sandbox id.
+// TrafficTokenHeader carries a private sandbox's traffic token on a
+// request to one of its ports (the header the E2B SDK sends).
+const TrafficTokenHeader = "E2b-Traffic-Access-Token"
+
+// CodeTrafficToken is the code of a request to a private sandbox's port
+// without its traffic token (or with a wrong one).
+const CodeTrafficToken = "traffic_token_required"
+
+// sandboxPort serves a request for port of sandbox id. A private
+// sandbox's ports answer only a request that carries its traffic token
+// (compared in constant time): it defends against anyone who can reach
+// corral's listener reaching an app a sandbox serves when its creator
+// asked for private ports. The refusal is audited (without the token)
+// and the token never reaches the app.
 func (s *Server) sandboxPort(w http.ResponseWriter, r *http.Request, id string, port int) {
-	if !s.mgr.Running(id) {
+	token, ok := s.mgr.TrafficToken(id)
+	if !ok {
 		e2bNotFound(w, id)
+		return
+	}
+	if token != "" && !sameSecret(r.Header.Get(TrafficTokenHeader), token) {
+		if s.cfg.Audit != nil {
+			s.cfg.Audit.Record(id, "port.refused", map[string]any{"port": port, "code": CodeTrafficToken,
+				"token_given": r.Header.Get(TrafficTokenHeader) != ""})
+		}
+		writeJSON(w, http.StatusForbidden, map[string]any{"sandboxId": id, "code": CodeTrafficToken,
+			"message": "the ports of sandbox " + id + " are private: send its traffic access token in the " + TrafficTokenHeader + " header"})
 		return
 	}
 	ctx := context.WithValue(r.Context(), portKey{}, portTarget{id: id, port: port})
 	r2 := r.Clone(ctx)
 	s.stripCredentials(r2, false)
+	r2.Header.Del(TrafficTokenHeader)
 	_ = http.NewResponseController(w).EnableFullDuplex() // see newAgentProxy
 	s.ports.ServeHTTP(w, r2)
 }

@@ -29,6 +29,11 @@ type sandboxView struct {
 	Task           string              `json:"task"`
 	Snapshot       string              `json:"snapshot"`
 	Volumes        []store.VolumeMount `json:"volumes"`
+	// PublicTraffic is false when the sandbox's ports are private;
+	// TrafficToken is the token a request to one of them
+	// carries in the e2b-traffic-access-token header.
+	PublicTraffic bool   `json:"public_traffic"`
+	TrafficToken  string `json:"traffic_token,omitempty"`
 	// Warnings are set on create only (for example env vars that look
 	// like secrets).
 	Warnings []string `json:"warnings,omitempty"`
@@ -43,6 +48,7 @@ func view(sb *store.Sandbox) sandboxView {
 		Network: sb.Network, Metadata: sb.Metadata, CreatedAt: ts(sb.CreatedAt),
 		ExpiresAt: ts(sb.ExpiresAt), EndReason: sb.EndReason,
 		Allow: sb.Egress.Allow, Secrets: sb.Egress.Secrets, Warnings: sb.Warnings, Task: sb.TaskID, Snapshot: sb.Snapshot,
+		PublicTraffic: sb.TrafficToken == "", TrafficToken: sb.TrafficToken,
 	}
 	if v.Allow == nil {
 		v.Allow = []string{}

@@ -85,6 +85,9 @@ type Config struct {
 	Gateway networkGateway
 	// EgressLimits are the per-sandbox egress caps (zero fields: defaults).
 	EgressLimits egress.Limits
+	// PrivatePorts makes the ports of a sandbox created without
+	// PublicTraffic private (the server's --ports-default private).
+	PrivatePorts bool
 	// RefuseEnvSecrets refuses create requests whose env vars look like
 	// secrets; by default they are accepted with a warning.
 	RefuseEnvSecrets bool
@@ -254,6 +257,11 @@ type CreateRequest struct {
 	PauseMemory bool `json:"pause_memory"`
 	// Volumes are mounted read-write in the sandbox.
 	Volumes []volume.Request `json:"volumes"`
+	// PublicTraffic false makes the sandbox's ports private: a request
+	// to one must carry the sandbox's traffic token (E2B's
+	// network.allowPublicTraffic). nil takes the server's default
+	// (Config.PrivatePorts).
+	PublicTraffic *bool `json:"public_traffic"`
 
 	// anySnapshot lets a resume use its hidden persisted snapshot.
 	anySnapshot bool
@@ -410,6 +418,10 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 	}
 	if snap != nil {
 		rec.Snapshot = snap.ID
+	}
+	if public := !m.cfg.PrivatePorts; (req.PublicTraffic == nil && !public) || (req.PublicTraffic != nil && !*req.PublicTraffic) {
+		// Its own token, also for a fork or a snapshot's restore.
+		rec.TrafficToken = idgen.Token()
 	}
 	rec.Env = req.Env
 	rec.Lifecycle = store.Lifecycle{AutoPause: req.AutoPause, PauseMemory: req.PauseMemory}
@@ -815,6 +827,18 @@ func (m *Manager) EndIfDead(ctx context.Context, id string, wait time.Duration) 
 		reason = rec.EndReason
 	}
 	return reason, true
+}
+
+// TrafficToken returns the traffic token of a running sandbox ("" when
+// its ports are public) and whether the sandbox runs.
+func (m *Manager) TrafficToken(id string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ls, ok := m.live[id]
+	if !ok || ls.ending || ls.paused {
+		return "", false
+	}
+	return ls.rec.TrafficToken, true
 }
 
 // AccessToken returns the agent access token of a running sandbox.

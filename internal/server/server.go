@@ -109,6 +109,10 @@ type Config struct {
 	// internet access and no allowOut list: "none" (default) or
 	// "all-public".
 	E2BInternet string
+	// PortsDefault is the port access of a sandbox whose create request
+	// does not say: "public" (default, as E2B's) or "private" (a
+	// request to a port must carry the sandbox's traffic token).
+	PortsDefault string
 	// Budgets are the default task budgets (zero fields: govern's
 	// defaults).
 	Budgets govern.Defaults
@@ -215,6 +219,11 @@ func (c *Config) Validate() error {
 	case "", sandbox.RunawayKillSandbox, sandbox.RunawayKillCommands:
 	default:
 		errs = append(errs, fmt.Errorf("cpu-runaway-action %q: use %s or %s", c.RunawayAction, sandbox.RunawayKillSandbox, sandbox.RunawayKillCommands))
+	}
+	switch c.PortsDefault {
+	case "", "public", "private":
+	default:
+		errs = append(errs, fmt.Errorf("ports-default %q: use public or private", c.PortsDefault))
 	}
 	switch c.E2BInternet {
 	case "", "none", "all-public":
@@ -432,7 +441,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	var wd *watchdog.Watchdog
 	mcfg := sandbox.Config{
 		KillGrace: cfg.KillGrace, EgressLimits: cfg.EgressLimits, RefuseEnvSecrets: cfg.RefuseEnvSecrets, Audit: al,
-		Governor: gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
+		PrivatePorts: cfg.PortsDefault == "private",
+		Governor:     gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: volSvc, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
 		IDBase: ids.Base,
 	}

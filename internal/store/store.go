@@ -194,6 +194,7 @@ var addedColumns = []struct{ table, column, def string }{
 	{"sandboxes", "lifecycle", "TEXT NOT NULL DEFAULT '{}'"},
 	{"sandboxes", "volumes", "TEXT NOT NULL DEFAULT '[]'"},
 	{"secrets", "allow_http", "INTEGER NOT NULL DEFAULT 0"},
+	{"sandboxes", "traffic_token", "TEXT NOT NULL DEFAULT ''"},
 }
 
 func addColumns(db *sql.DB) error {
@@ -249,6 +250,10 @@ type Sandbox struct {
 	// AccessToken authenticates the control plane to the sandbox's agent.
 	// It is never returned by the API.
 	AccessToken string
+	// TrafficToken, when set, makes the sandbox's ports private: a
+	// request to one must carry it (E2B's traffic access token). "" is
+	// a sandbox with public ports.
+	TrafficToken string
 	// Egress is the rest of the network policy (Network holds its mode).
 	Egress Egress
 	// TaskID is the task (agent session) the sandbox belongs to.
@@ -302,11 +307,11 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	lc, _ := json.Marshal(sb.Lifecycle)
 	vols, _ := json.Marshal(orEmptySlice(sb.Volumes))
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
-		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version, env, lifecycle, volumes)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version, env, lifecycle, volumes, traffic_token)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
 		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID, sb.Snapshot, sb.TemplateVersion,
-		string(envJSON), string(lc), string(vols))
+		string(envJSON), string(lc), string(vols), sb.TrafficToken)
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
@@ -389,7 +394,7 @@ func (s *Store) SetState(ctx context.Context, id, state string, expires time.Tim
 	return nil
 }
 
-const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version, env, persisted, lifecycle, volumes`
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version, env, persisted, lifecycle, volumes, traffic_token`
 
 func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
@@ -397,7 +402,7 @@ func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var ctMS, created, expires int64
 	var ended sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
-		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion, &envJSON, &sb.Persisted, &lc, &vols); err != nil {
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion, &envJSON, &sb.Persisted, &lc, &vols, &sb.TrafficToken); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(envJSON), &sb.Env)

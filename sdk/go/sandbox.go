@@ -71,6 +71,11 @@ type Sandbox struct {
 	Snapshot string
 	// Volumes are the volumes the sandbox mounts.
 	Volumes []MountedVolume
+	// PublicTraffic is false when the sandbox's ports are private: a
+	// request to one must carry TrafficToken in the
+	// e2b-traffic-access-token header (TrafficTokenHeader).
+	PublicTraffic bool
+	TrafficToken  string
 
 	client *Client
 }
@@ -102,7 +107,13 @@ type sandboxWire struct {
 	Task           string            `json:"task"`
 	Snapshot       string            `json:"snapshot"`
 	Volumes        []MountedVolume   `json:"volumes"`
+	PublicTraffic  bool              `json:"public_traffic"`
+	TrafficToken   string            `json:"traffic_token,omitempty"`
 }
+
+// TrafficTokenHeader is the header that carries a private sandbox's
+// traffic token on a request to one of its ports.
+const TrafficTokenHeader = "e2b-traffic-access-token"
 
 // MarshalJSON encodes s as the REST API's Sandbox object.
 func (s *Sandbox) MarshalJSON() ([]byte, error) {
@@ -116,6 +127,7 @@ func (s *Sandbox) MarshalJSON() ([]byte, error) {
 		Allow: orEmptyList(s.Allow), Secrets: orEmptyList(s.Secrets), Warnings: s.Warnings,
 		Metadata: md, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, EndedAt: s.EndedAt,
 		EndReason: s.EndReason, Task: s.Task, Snapshot: s.Snapshot, Volumes: orEmptyList(s.Volumes),
+		PublicTraffic: s.PublicTraffic, TrafficToken: s.TrafficToken,
 	})
 }
 
@@ -132,7 +144,8 @@ func (s *Sandbox) UnmarshalJSON(b []byte) error {
 		Resources: w.Resources, CommandTimeout: secondsToDuration(w.CommandTimeout), Network: w.Network,
 		Allow: w.Allow, Secrets: w.Secrets, Warnings: w.Warnings,
 		Metadata: w.Metadata, CreatedAt: w.CreatedAt, ExpiresAt: w.ExpiresAt, EndedAt: w.EndedAt,
-		EndReason: w.EndReason, Task: w.Task, Snapshot: w.Snapshot, Volumes: w.Volumes, client: client,
+		EndReason: w.EndReason, Task: w.Task, Snapshot: w.Snapshot, Volumes: w.Volumes,
+		PublicTraffic: w.PublicTraffic, TrafficToken: w.TrafficToken, client: client,
 	}
 	return nil
 }
@@ -201,6 +214,10 @@ type CreateOptions struct {
 	AutoPause, PauseMemory bool
 	// Volumes are mounted read-write (Client.CreateVolume).
 	Volumes []VolumeMount
+	// PublicTraffic false makes the sandbox's ports private (a request
+	// to one must carry Sandbox.TrafficToken); nil takes the server's
+	// default (--ports-default, public unless set).
+	PublicTraffic *bool
 }
 
 type createWire struct {
@@ -221,6 +238,7 @@ type createWire struct {
 	AutoPause      bool              `json:"auto_pause,omitempty"`
 	PauseMemory    bool              `json:"pause_memory,omitempty"`
 	Volumes        []volumeMountWire `json:"volumes,omitempty"`
+	PublicTraffic  *bool             `json:"public_traffic,omitempty"`
 }
 
 // Create creates and starts a sandbox (POST /v1/sandboxes).
@@ -230,6 +248,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 		Timeout: durationSeconds(opts.Timeout), CommandTimeout: durationSeconds(opts.CommandTimeout),
 		Env: opts.Env, Metadata: opts.Metadata, Network: opts.Network,
 		Allow: opts.Allow, Secrets: opts.Secrets, Task: opts.Task, Agent: opts.Agent, Snapshot: opts.Snapshot, AutoPause: opts.AutoPause, PauseMemory: opts.PauseMemory,
+		PublicTraffic: opts.PublicTraffic,
 	}
 	if !opts.Resources.isZero() {
 		r := opts.Resources
