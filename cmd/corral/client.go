@@ -152,6 +152,8 @@ type sandboxFlags struct {
 	autoPause, pauseMemory  bool
 	env, metadata           []string
 	volumes                 []string
+	privatePorts            bool
+	publicPorts             bool
 }
 
 func (f *sandboxFlags) register(cmd *cobra.Command, forCreate bool) {
@@ -171,6 +173,8 @@ func (f *sandboxFlags) register(cmd *cobra.Command, forCreate bool) {
 		fl.BoolVar(&f.autoPause, "auto-pause", false, "pause instead of kill at the end of the TTL")
 		fl.BoolVar(&f.pauseMemory, "pause-memory", false, "with --auto-pause: keep processes frozen (default: save files, stop processes)")
 		fl.StringVar(&f.snapshot, "snapshot", "", "start from a snapshot (corral sandbox snapshot) instead of the bare template")
+		fl.BoolVar(&f.privatePorts, "private-ports", false, "ports answer only requests with the sandbox's traffic token (header e2b-traffic-access-token; --json prints it as traffic_token)")
+		fl.BoolVar(&f.publicPorts, "public-ports", false, "ports answer anyone who can reach the server (overrides a server started with --ports-default private)")
 	}
 	fl.StringVar(&f.agent, "agent", "", "agent name, for per-agent limits and the audit log")
 	fl.StringArrayVar(&f.secrets, "secret", nil, "registered secret the sandbox may use through the egress proxy (repeatable; see corral secret set)")
@@ -191,6 +195,13 @@ func (f *sandboxFlags) options() (corral.CreateOptions, error) {
 	o := corral.CreateOptions{Template: f.template, Runtime: f.runtime, Tier: f.tier, Network: mode,
 		Allow: f.allow, Secrets: f.secrets, Task: f.task, Agent: f.agent, Snapshot: f.snapshot,
 		AutoPause: f.autoPause, PauseMemory: f.pauseMemory}
+	switch {
+	case f.privatePorts && f.publicPorts:
+		return o, errors.New("--private-ports and --public-ports exclude each other")
+	case f.privatePorts || f.publicPorts:
+		public := f.publicPorts
+		o.PublicTraffic = &public
+	}
 	switch f.runtime {
 	case "", "runc", "gvisor":
 	default:

@@ -154,6 +154,27 @@ func TestArgvFrom(t *testing.T) {
 	}
 }
 
+// TestSandboxFlagsPorts: --private-ports asks for private ports,
+// --public-ports for public ones, neither leaves the server's default.
+func TestSandboxFlagsPorts(t *testing.T) {
+	for _, tc := range []struct {
+		f    sandboxFlags
+		want string
+	}{{sandboxFlags{}, "default"}, {sandboxFlags{privatePorts: true}, "private"}, {sandboxFlags{publicPorts: true}, "public"}} {
+		o, err := tc.f.options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := "default"
+		if o.PublicTraffic != nil {
+			got = map[bool]string{true: "public", false: "private"}[*o.PublicTraffic]
+		}
+		if got != tc.want {
+			t.Errorf("%+v: ports %s, want %s", tc.f, got, tc.want)
+		}
+	}
+}
+
 func TestSandboxFlagsOptions(t *testing.T) {
 	f := sandboxFlags{memory: "1g", disk: "200", ttl: "10m", env: []string{"A=1"}, metadata: []string{"k=v"}, tier: "medium", cpu: 1.5}
 	o, err := f.options()
@@ -166,7 +187,7 @@ func TestSandboxFlagsOptions(t *testing.T) {
 	}
 	for _, bad := range []sandboxFlags{
 		{runtime: "docker"}, {tier: "huge"}, {network: "host"}, {memory: "lots"},
-		{ttl: "0"}, {env: []string{"nope"}}, {cpu: -1},
+		{ttl: "0"}, {env: []string{"nope"}}, {cpu: -1}, {privatePorts: true, publicPorts: true},
 	} {
 		if _, err := bad.options(); err == nil {
 			t.Errorf("options(%+v): want error", bad)
