@@ -128,3 +128,56 @@ func TestPrivatePortsToken(t *testing.T) {
 		})
 	}
 }
+
+// TestPrivatePortsLifecycle defends against a private sandbox's ports
+// turning public, or its token changing hands, across its life: pause
+// and resume (memory kept, and files persisted) keep its token and its
+// refusal; a fork of it is private too, with its own token (a fork took
+// the server's default, public, so forking exposed the parent's app).
+func TestPrivatePortsLifecycle(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 10)
+	type sbv struct {
+		ID            string `json:"id"`
+		PublicTraffic bool   `json:"public_traffic"`
+		TrafficToken  string `json:"traffic_token"`
+	}
+	var sb sbv
+	if st := e.call("POST", "/v1/sandboxes", apiKey, map[string]any{"public_traffic": false}, &sb); st != http.StatusCreated || sb.TrafficToken == "" {
+		t.Fatalf("create: %d %+v", st, sb)
+	}
+	for _, persist := range []bool{false, true} {
+		if st := e.call("POST", "/v1/sandboxes/"+sb.ID+"/pause", apiKey, map[string]any{"persist": persist}, nil); st != http.StatusOK {
+			t.Fatalf("pause (persist %v): %d", persist, st)
+		}
+		var got sbv
+		if st := e.call("POST", "/v1/sandboxes/"+sb.ID+"/resume", apiKey, map[string]any{}, &got); st != http.StatusOK {
+			t.Fatalf("resume (persist %v): %d", persist, st)
+		}
+		if got.TrafficToken != sb.TrafficToken || got.PublicTraffic {
+			t.Fatalf("after pause/resume (persist %v): %+v, want token %q", persist, got, sb.TrafficToken)
+		}
+		if st, code := e.portCall(sb.ID, ""); st != http.StatusForbidden || code != api.CodeTrafficToken {
+			t.Fatalf("after resume (persist %v) without token: %d %s", persist, st, code)
+		}
+		if st, _ := e.portCall(sb.ID, sb.TrafficToken); st == http.StatusForbidden {
+			t.Fatalf("after resume (persist %v) with token: 403", persist)
+		}
+	}
+	var fork struct {
+		Sandboxes []sbv `json:"sandboxes"`
+	}
+	if st := e.call("POST", "/v1/sandboxes/"+sb.ID+"/fork", apiKey, map[string]any{"count": 2}, &fork); st != http.StatusCreated || len(fork.Sandboxes) != 2 {
+		t.Fatalf("fork: %d %+v", st, fork)
+	}
+	seen := map[string]bool{sb.TrafficToken: true}
+	for _, f := range fork.Sandboxes {
+		if f.PublicTraffic || f.TrafficToken == "" || seen[f.TrafficToken] {
+			t.Fatalf("fork %+v: want private with its own token", f)
+		}
+		seen[f.TrafficToken] = true
+		if st, code := e.portCall(f.ID, sb.TrafficToken); st != http.StatusForbidden || code != api.CodeTrafficToken {
+			t.Fatalf("fork %s with the parent's token: %d %s", f.ID, st, code)
+		}
+	}
+}

@@ -194,9 +194,12 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, ttl *int64) ([
 		return nil, nil, err
 	}
 	r := parent.Resources
+	// A fork keeps its parent's port access (a private parent's forks
+	// are private too), each with its own traffic token.
+	public := parent.TrafficToken == ""
 	var out []*store.Sandbox
 	for i := 0; i < count; i++ {
-		req := CreateRequest{
+		req := CreateRequest{PublicTraffic: &public,
 			Snapshot: sn.ID, Runtime: parent.Runtime, Tier: parent.Tier,
 			Resources: &ResourceRequest{CPU: r.CPU, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids, Nofile: r.Nofile},
 			Timeout:   ttl, Metadata: parent.Metadata, Network: parent.Network, Allow: parent.Egress.Allow,
