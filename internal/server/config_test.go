@@ -49,6 +49,8 @@ func TestValidateBounds(t *testing.T) {
 		{"egress-resolver without port", func(c *Config) { c.EgressResolver = "127.0.0.53" }, `egress-resolver "127.0.0.53"`},
 		{"listen without port", func(c *Config) { c.Listen = "localhost" }, `listen "localhost"`},
 		{"cpu-runaway-action", func(c *Config) { c.RunawayAction = "host" }, `cpu-runaway-action "host": use sandbox or command`},
+		{"ports-default", func(c *Config) { c.PortsDefault = "open" }, `ports-default "open": use public or private`},
+		{"ports-default private", func(c *Config) { c.PortsDefault = "private" }, ""},
 		{"negative disables cpu-runaway-for and audit bounds", func(c *Config) {
 			c.Watchdog.CPURunawayFor, c.AuditRetention.MaxAge, c.AuditRetention.MaxEvents, c.RefusalEvents = -1, -1, -1, -1
 		}, ""},

@@ -1,11 +1,17 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/corralhq/corral/internal/server"
+	corral "github.com/corralhq/corral/sdk/go"
+	"github.com/corralhq/corral/test/testserver"
 )
 
 // TestPrivatePorts defends against anyone who can reach corral's listener
@@ -136,5 +142,92 @@ http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
 		if strings.Contains(string(e), nat.TrafficToken) || strings.Contains(string(e), privTok) {
 			t.Fatalf("an audit event holds a traffic token: %s", e)
 		}
+	}
+}
+
+// TestPortsDefaultPrivate defends against a server started with
+// --ports-default private still exposing the ports of a sandbox whose
+// create request says nothing: through the Go SDK and the E2B API such a
+// sandbox is private (its port refuses a request without its token with
+// 403 traffic_token_required), and a request that asks for public ports
+// (the SDK's PublicTraffic) still gets them.
+func TestPortsDefaultPrivate(t *testing.T) {
+	need(t)
+	ts, err := testserver.StartWith("../../cmd/corral", slog.LevelWarn, func(c *server.Config) {
+		c.NoNetwork = true
+		c.PortsDefault = "private"
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ts.Close() })
+	ctx := context.Background()
+	c := corral.New(ts.URL, ts.Key)
+	portStatus := func(id, tok string) (int, string) {
+		req, _ := http.NewRequest("GET", ts.URL+"/", nil)
+		req.Host = "8000-" + id + ".corral.test"
+		if tok != "" {
+			req.Header.Set(corral.TrafficTokenHeader, tok)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e struct {
+			Code string `json:"code"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e.Code
+	}
+	sb, err := c.Create(ctx, corral.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Kill(ctx)
+	if sb.PublicTraffic || sb.TrafficToken == "" {
+		t.Fatalf("SDK create on a private-default server: public %v, token %q", sb.PublicTraffic, sb.TrafficToken)
+	}
+	if st, code := portStatus(sb.ID, ""); st != http.StatusForbidden || code != "traffic_token_required" {
+		t.Fatalf("default-private sandbox without token: %d %q", st, code)
+	}
+	if st, code := portStatus(sb.ID, sb.TrafficToken); st == http.StatusForbidden || code == "traffic_token_required" {
+		t.Fatalf("default-private sandbox with its token: %d %q", st, code)
+	}
+	public := true
+	pub, err := c.Create(ctx, corral.CreateOptions{PublicTraffic: &public})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Kill(ctx)
+	if !pub.PublicTraffic || pub.TrafficToken != "" {
+		t.Fatalf("SDK create with PublicTraffic: public %v, token %q", pub.PublicTraffic, pub.TrafficToken)
+	}
+	if st, code := portStatus(pub.ID, ""); st == http.StatusForbidden || code == "traffic_token_required" {
+		t.Fatalf("public sandbox on a private-default server: %d %q", st, code)
+	}
+	// The E2B API with no network field.
+	body := strings.NewReader(`{"templateID":"base"}`)
+	req, _ := http.NewRequest("POST", ts.URL+"/sandboxes", body)
+	req.Header.Set("X-API-Key", ts.Key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var e2b struct {
+		SandboxID          string  `json:"sandboxID"`
+		TrafficAccessToken *string `json:"trafficAccessToken"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&e2b); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("e2b create: %d %v", resp.StatusCode, err)
+	}
+	defer c.Kill(ctx, e2b.SandboxID)
+	if e2b.TrafficAccessToken == nil || *e2b.TrafficAccessToken == "" {
+		t.Fatal("e2b create on a private-default server: no trafficAccessToken")
+	}
+	if st, code := portStatus(e2b.SandboxID, ""); st != http.StatusForbidden || code != "traffic_token_required" {
+		t.Fatalf("e2b default-private sandbox without token: %d %q", st, code)
 	}
 }
