@@ -56,16 +56,11 @@ func selfSignedCert(t *testing.T, dir string) (certFile, keyFile string) {
 	return certFile, keyFile
 }
 
-// TestServeTLS proves that `corral serve --tls-cert --tls-key` serves the
-// API over HTTPS only (issue 12: API keys and sandbox tokens must not
-// cross a network in clear text): the Go SDK trusting the test's CA and
-// the CLI with CORRAL_CA_FILE list sandboxes over https://127.0.0.1, the
-// CLI without the CA refuses the unknown certificate, a plain-HTTP
-// request with the admin key to the TLS port is not served (no 200, no
-// sandbox list), and TLS 1.1 is refused.
-func TestServeTLS(t *testing.T) {
-	need(t)
-	ctx := context.Background()
+// startTLSServe starts `corral serve` with a self-signed certificate for
+// 127.0.0.1 made in the test; it returns the server, the certificate's
+// file (the CA clients trust) and a pool holding it.
+func startTLSServe(t *testing.T) (p *serveProc, cert string, pool *x509.CertPool) {
+	t.Helper()
 	tmp := t.TempDir()
 	for d := tmp; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
 		os.Chmod(d, 0o711) // sandbox root must traverse to its rootfs
@@ -77,7 +72,7 @@ func TestServeTLS(t *testing.T) {
 	}
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	addr := freeAddr(t)
-	p := startServeURL(t, filepath.Join(tmp, "data"), addr, "https://"+addr, hc,
+	p = startServeURL(t, filepath.Join(tmp, "data"), addr, "https://"+addr, hc,
 		"--tls-cert", cert, "--tls-key", key, "--no-network", "--kill-on-shutdown")
 	t.Cleanup(func() {
 		if p.running() {
@@ -87,6 +82,20 @@ func TestServeTLS(t *testing.T) {
 			t.Logf("corral serve log (tail):\n%s", logTail(p.log.String(), 60))
 		}
 	})
+	return p, cert, pool
+}
+
+// TestServeTLS proves that `corral serve --tls-cert --tls-key` serves the
+// API over HTTPS only (issue 12: API keys and sandbox tokens must not
+// cross a network in clear text): the Go SDK trusting the test's CA and
+// the CLI with CORRAL_CA_FILE list sandboxes over https://127.0.0.1, the
+// CLI without the CA refuses the unknown certificate, a plain-HTTP
+// request with the admin key to the TLS port is not served (no 200, no
+// sandbox list), and TLS 1.1 is refused.
+func TestServeTLS(t *testing.T) {
+	need(t)
+	ctx := context.Background()
+	p, cert, pool := startTLSServe(t)
 
 	c := corral.New(p.url, p.key, corral.WithRootCAs(pool))
 	if _, err := c.List(ctx, corral.ListOptions{}); err != nil {
@@ -106,7 +115,7 @@ func TestServeTLS(t *testing.T) {
 		t.Errorf("corral sandbox ls without the CA: %v, want a certificate error\n%s", err, out)
 	}
 
-	req, err := http.NewRequest("GET", "http://"+addr+"/v1/sandboxes", nil)
+	req, err := http.NewRequest("GET", "http://"+strings.TrimPrefix(p.url, "https://")+"/v1/sandboxes", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +130,7 @@ func TestServeTLS(t *testing.T) {
 	}
 
 	old := &tls.Config{RootCAs: pool, MaxVersion: tls.VersionTLS11}
-	if conn, err := tls.Dial("tcp", addr, old); err == nil {
+	if conn, err := tls.Dial("tcp", strings.TrimPrefix(p.url, "https://"), old); err == nil {
 		conn.Close()
 		t.Errorf("a TLS 1.1 handshake succeeded, want TLS 1.2 or later only")
 	}
@@ -189,27 +198,7 @@ func hexPort(port string) string {
 func TestE2BSDKOverTLS(t *testing.T) {
 	need(t)
 	node := e2bNode(t)
-	tmp := t.TempDir()
-	for d := tmp; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
-		os.Chmod(d, 0o711) // sandbox root must traverse to its rootfs
-	}
-	cert, key := selfSignedCert(t, tmp)
-	pool, err := corral.LoadCAFile(cert)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	addr := freeAddr(t)
-	p := startServeURL(t, filepath.Join(tmp, "data"), addr, "https://"+addr, hc,
-		"--tls-cert", cert, "--tls-key", key, "--no-network", "--kill-on-shutdown")
-	t.Cleanup(func() {
-		if p.running() {
-			_ = p.signal(t, syscall.SIGTERM)
-		}
-		if t.Failed() {
-			t.Logf("corral serve log (tail):\n%s", logTail(p.log.String(), 60))
-		}
-	})
+	p, cert, _ := startTLSServe(t)
 	const script = `import { Sandbox } from 'e2b'
 const sbx = await Sandbox.create({ timeoutMs: 120000 })
 try {
