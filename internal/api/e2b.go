@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/corralhq/corral/internal/agentclient"
-	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/volume"
@@ -227,38 +226,33 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	sb, err := s.mgr.Create(r.Context(), cr)
 	if err != nil {
-		var inv *sandbox.InvalidError
-		var capErr *govern.CapacityError
-		var envSecret *sandbox.EnvSecretError
-		var trip *govern.TripError
-		switch {
-		case errors.As(err, &envSecret):
-			// A server that refuses secret-looking env vars: the message
-			// names the variables (never the values) and starts with the
-			// native code, as for capacity refusals.
-			e2bError(w, http.StatusBadRequest, CodeEnvSecret+": "+envSecret.Error())
-		case errors.As(err, &trip):
-			e2bError(w, http.StatusForbidden, trip.Code+": "+trip.Msg)
-		case errors.As(err, &inv):
-			if strings.Contains(inv.Msg, "no such template") {
-				e2bError(w, http.StatusNotFound, inv.Msg)
-				return
-			}
-			e2bError(w, http.StatusBadRequest, inv.Msg)
-		case errors.As(err, &capErr):
-			// The SDK raises RateLimitError on 429; the message starts
-			// with the native code, capacity_exceeded.
-			setRetryAfter(w, capErr)
-			e2bError(w, http.StatusTooManyRequests, capErr.Error())
-		case errors.Is(err, sandbox.ErrNetworkUnavailable), errors.Is(err, volume.ErrUnavailable):
-			e2bError(w, http.StatusServiceUnavailable, err.Error())
-		default:
-			s.log.Error("e2b create", "err", err)
-			e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
-		}
+		s.e2bWriteErr(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, e2bSandboxOf(sb))
+}
+
+// e2bWriteErr answers err in E2B's shape ({"code": status, "message"})
+// with the status of the native answer (classify). Refusals with a code
+// of their own (capacity_exceeded, env_secret_refused, a brake's code)
+// start the message with it, as clients match on it; an unknown template
+// is E2B's 404; a capacity refusal carries Retry-After, so the SDK raises
+// its RateLimitError and waits.
+func (s *Server) e2bWriteErr(w http.ResponseWriter, r *http.Request, err error) {
+	f := classify(err)
+	switch {
+	case f.internalError:
+		s.log.Error("e2b request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	case f.capacity != nil:
+		setRetryAfter(w, f.capacity)
+		f.msg = f.capacity.Error()
+	case f.code == CodeInvalidArgument && strings.Contains(f.msg, "no such template"):
+		f.status = http.StatusNotFound
+	case f.code != CodeInvalidArgument && f.code != CodeNotFound && f.code != CodeConflict &&
+		f.code != CodeNetworkUnavailable && f.code != CodeVolumesUnavailable:
+		f.msg = f.code + ": " + f.msg
+	}
+	e2bError(w, f.status, f.msg)
 }
 
 // e2bRunning returns the record of a running or paused sandbox or writes

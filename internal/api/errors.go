@@ -65,10 +65,19 @@ func setRetryAfter(w http.ResponseWriter, capErr *govern.CapacityError) {
 	w.Header().Set("Retry-After", retryAfter(capErr.RetryAfter.Seconds()))
 }
 
-// writeErr maps an internal error to a status and stable code. Internal
-// errors are logged in full but answered without detail, so that host
-// paths never reach a caller.
-func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+// apiFailure is an internal error mapped to what the API answers.
+type apiFailure struct {
+	status        int
+	code, msg     string
+	capacity      *govern.CapacityError // set for capacity refusals (Retry-After)
+	internalError bool                  // unexpected: log it, answer without detail
+}
+
+// classify maps an internal error to a status, a stable code and a
+// message, for the native and the E2B answers alike (one mapping, two
+// shapes). Internal errors get no detail, so that host paths never reach
+// a caller.
+func classify(err error) apiFailure {
 	var inv *sandbox.InvalidError
 	var conflict *sandbox.ConflictError
 	var vinv *volume.InvalidError
@@ -81,44 +90,55 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var rconflict *registry.ConflictError
 	switch {
 	case errors.As(err, &trip):
-		writeError(w, http.StatusForbidden, trip.Code, trip.Msg)
+		return apiFailure{status: http.StatusForbidden, code: trip.Code, msg: trip.Msg}
 	case errors.As(err, &capErr):
-		setRetryAfter(w, capErr)
-		writeJSON(w, http.StatusTooManyRequests, apiError{Code: CodeCapacityExceeded, Message: capErr.Msg})
+		return apiFailure{status: http.StatusTooManyRequests, code: CodeCapacityExceeded, msg: capErr.Msg, capacity: capErr}
 	case errors.As(err, &ginv):
-		writeError(w, http.StatusBadRequest, CodeInvalidArgument, ginv.Msg)
+		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: ginv.Msg}
 	case errors.As(err, &inv):
-		writeError(w, http.StatusBadRequest, CodeInvalidArgument, inv.Msg)
+		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: inv.Msg}
 	case errors.As(err, &vinv):
-		writeError(w, http.StatusBadRequest, CodeInvalidArgument, vinv.Msg)
+		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: vinv.Msg}
 	case errors.As(err, &envSecret):
-		writeError(w, http.StatusBadRequest, CodeEnvSecret, envSecret.Error())
+		return apiFailure{status: http.StatusBadRequest, code: CodeEnvSecret, msg: envSecret.Error()}
 	case errors.As(err, &conflict):
-		writeError(w, http.StatusConflict, CodeConflict, conflict.Msg)
+		return apiFailure{status: http.StatusConflict, code: CodeConflict, msg: conflict.Msg}
 	case errors.As(err, &rinv):
-		writeError(w, http.StatusBadRequest, CodeInvalidArgument, rinv.Msg)
+		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: rinv.Msg}
 	case errors.As(err, &rconflict):
-		writeError(w, http.StatusConflict, CodeConflict, rconflict.Msg)
+		return apiFailure{status: http.StatusConflict, code: CodeConflict, msg: rconflict.Msg}
 	case errors.As(err, &vconflict):
-		writeError(w, http.StatusConflict, CodeConflict, vconflict.Msg)
+		return apiFailure{status: http.StatusConflict, code: CodeConflict, msg: vconflict.Msg}
 	case errors.Is(err, sandbox.ErrNetworkUnavailable):
-		writeError(w, http.StatusServiceUnavailable, CodeNetworkUnavailable, err.Error()+"; see the server log")
+		return apiFailure{status: http.StatusServiceUnavailable, code: CodeNetworkUnavailable, msg: err.Error() + "; see the server log"}
 	case errors.Is(err, volume.ErrUnavailable):
-		writeError(w, http.StatusServiceUnavailable, CodeVolumesUnavailable, err.Error())
+		return apiFailure{status: http.StatusServiceUnavailable, code: CodeVolumesUnavailable, msg: err.Error()}
 	case errors.Is(err, volume.ErrNotFound):
-		writeError(w, http.StatusNotFound, CodeNotFound, "volume not found")
+		return apiFailure{status: http.StatusNotFound, code: CodeNotFound, msg: "volume not found"}
 	case errors.Is(err, sandbox.ErrNotFound):
-		writeError(w, http.StatusNotFound, CodeNotFound, "sandbox not found")
+		return apiFailure{status: http.StatusNotFound, code: CodeNotFound, msg: "sandbox not found"}
 	case errors.Is(err, store.ErrNotFound):
 		// A record that went away during the call (a sandbox that ended
 		// while it was being paused, say).
-		writeError(w, http.StatusNotFound, CodeNotFound, "not found (it ended or was deleted during the call)")
+		return apiFailure{status: http.StatusNotFound, code: CodeNotFound, msg: "not found (it ended or was deleted during the call)"}
 	case errors.Is(err, sandbox.ErrConflict):
-		writeError(w, http.StatusConflict, CodeConflict, "the sandbox's state does not allow this (paused or running already)")
-	default:
-		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error; see the server log")
+		return apiFailure{status: http.StatusConflict, code: CodeConflict, msg: "the sandbox's state does not allow this (paused or running already)"}
 	}
+	return apiFailure{status: http.StatusInternalServerError, code: CodeInternal, msg: "internal error; see the server log", internalError: true}
+}
+
+// writeErr answers err in the native shape ({"code", "message"}).
+func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	f := classify(err)
+	if f.internalError {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	if f.capacity != nil {
+		setRetryAfter(w, f.capacity)
+		writeJSON(w, f.status, apiError{Code: f.code, Message: f.msg})
+		return
+	}
+	writeError(w, f.status, f.code, f.msg)
 }
 
 // decodeJSON reads a bounded JSON body into v, refusing unknown fields
