@@ -13,12 +13,18 @@ import (
 // refused like a wrong one, without hashing or a lookup.
 const MaxAPIKeyLen = 256
 
-// Role is what an identity may do. Every API key today has RoleAdmin
-// (full access to the server); roles narrow with teams.
+// Role is what an identity may do within its team.
 type Role string
 
-// RoleAdmin may use every route.
-const RoleAdmin Role = "admin"
+// Roles of API keys.
+const (
+	// RoleAdmin may use every route, and may ask for other teams'
+	// records (?team=all, ?team=NAME).
+	RoleAdmin Role = "admin"
+	// RoleMember may use its own team's records only, and no
+	// server-wide route (keys, quotas, publishing templates).
+	RoleMember Role = "member"
+)
 
 // CredentialKind is the kind of credential an Identity was proven by.
 type CredentialKind string
@@ -34,10 +40,12 @@ const (
 
 // Identity is who a request speaks for, established once by the auth
 // middleware and read by handlers from the request's context. It names
-// the credential (never holds it), so it may be logged. A team field
-// joins it with teams.
+// the credential (never holds it), so it may be logged.
 type Identity struct {
 	Kind CredentialKind
+	// Team is the team the identity acts for: its key's team, or the
+	// team of the sandbox whose credential it holds.
+	Team string
 	// KeyID identifies an API key: the first 16 hex digits of its
 	// SHA-256 (store.HashKey), stable across restarts.
 	KeyID string
@@ -105,7 +113,7 @@ func (s *Server) identify(ctx context.Context, key string) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	return Identity{Kind: CredAPIKey, KeyID: k.Hash[:keyIDLen], KeyName: k.Name, Role: RoleAdmin}, nil
+	return Identity{Kind: CredAPIKey, Team: k.Team, KeyID: k.Hash[:keyIDLen], KeyName: k.Name, Role: Role(k.Role)}, nil
 }
 
 // routeFamily is how a family of routes answers a refused request: each

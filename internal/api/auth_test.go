@@ -29,10 +29,10 @@ func authServer(t *testing.T) (*Server, *store.Store) {
 	}
 	t.Cleanup(func() { st.Close() })
 	ctx := context.Background()
-	if err := st.AddAPIKey(ctx, "admin", testKey); err != nil {
+	if err := st.AddAPIKey(ctx, "admin", testKey, "", "admin"); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.AddAPIKey(ctx, "long", strings.Repeat("k", MaxAPIKeyLen+1)); err != nil {
+	if err := st.AddAPIKey(ctx, "long", strings.Repeat("k", MaxAPIKeyLen+1), "", "admin"); err != nil {
 		t.Fatal(err)
 	}
 	return &Server{store: st, log: slog.New(slog.NewTextHandler(io.Discard, nil)), streams: newStreamLimit(0)}, st
@@ -49,7 +49,7 @@ func authServer(t *testing.T) (*Server, *store.Store) {
 // a refusal.
 func TestAuthenticate(t *testing.T) {
 	s, _ := authServer(t)
-	wantID := Identity{Kind: CredAPIKey, KeyID: store.HashKey(testKey)[:keyIDLen], KeyName: "admin", Role: RoleAdmin}
+	wantID := Identity{Kind: CredAPIKey, Team: store.DefaultTeam, KeyID: store.HashKey(testKey)[:keyIDLen], KeyName: "admin", Role: RoleAdmin}
 	cases := []struct {
 		name   string
 		header map[string]string

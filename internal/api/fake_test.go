@@ -46,7 +46,7 @@ func newEnv(t *testing.T, maxSandboxes int, opts ...func(*sandbox.Config)) *env 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.AddAPIKey(context.Background(), "admin", apiKey); err != nil {
+	if err := st.AddAPIKey(context.Background(), "admin", apiKey, "", "admin"); err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -163,7 +163,7 @@ func TestStreamLimit(t *testing.T) {
 	s, st := authServer(t)
 	s.streams = newStreamLimit(2)
 	for _, k := range []string{"key-a", "key-b"} {
-		if err := st.AddAPIKey(context.Background(), k, k); err != nil {
+		if err := st.AddAPIKey(context.Background(), k, k, "", "admin"); err != nil {
 			t.Fatal(err)
 		}
 	}

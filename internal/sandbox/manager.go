@@ -262,6 +262,11 @@ type CreateRequest struct {
 	// network.allowPublicTraffic). nil takes the server's default
 	// (Config.PrivatePorts).
 	PublicTraffic *bool `json:"public_traffic"`
+	// Team owns the new sandbox and limits what it may use (snapshots,
+	// volumes, secrets, tasks, pools and private templates of that team
+	// only). It is the caller's identity, never read from a request body;
+	// "" is store.DefaultTeam.
+	Team string `json:"-"`
 
 	// anySnapshot lets a resume use its hidden persisted snapshot.
 	anySnapshot bool
@@ -415,6 +420,10 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		ID: idgen.New("", idgen.SandboxLen), AccessToken: idgen.Token(), Template: req.Template, Runtime: req.Runtime, Tier: req.Tier,
 		Resources: res, CommandTimeout: cmdTimeout, Network: req.Network,
 		Metadata: req.Metadata, State: store.StateRunning, CreatedAt: now, ExpiresAt: now.Add(ttl),
+		Team: req.Team,
+	}
+	if rec.Team == "" {
+		rec.Team = store.DefaultTeam
 	}
 	if snap != nil {
 		rec.Snapshot = snap.ID

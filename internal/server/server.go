@@ -687,7 +687,7 @@ func ensureAdminKey(ctx context.Context, st *store.Store, path string) (string, 
 	} else if err != nil {
 		return "", fmt.Errorf("read admin key: %w", err)
 	}
-	if err := st.AddAPIKey(ctx, "admin", key); err != nil {
+	if err := st.AddAPIKey(ctx, "admin", key, store.DefaultTeam, "admin"); err != nil {
 		return "", err
 	}
 	return key, nil

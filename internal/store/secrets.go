@@ -87,12 +87,20 @@ func scanSecret(sc scanner) (*Secret, error) {
 // happened to or in a sandbox. Data is a JSON object whose fields depend on
 // Kind; it is redacted before it is stored.
 type Event struct {
-	ID        int64           `json:"id"`
-	At        time.Time       `json:"time"`
-	SandboxID string          `json:"sandbox"`
-	TaskID    string          `json:"task"`
-	Kind      string          `json:"kind"`
-	Data      json.RawMessage `json:"data"`
+	ID        int64     `json:"id"`
+	At        time.Time `json:"time"`
+	SandboxID string    `json:"sandbox"`
+	TaskID    string    `json:"task"`
+	// Team is the team the event belongs to: its sandbox's team when it
+	// names a sandbox (the store fills it in), else the team of the key
+	// that caused it; "" for server events.
+	Team string `json:"team"`
+	// KeyID identifies the API key that caused the event (never the key
+	// itself); "" when no key did (the sandbox itself, a timer, the
+	// server).
+	KeyID string          `json:"key_id"`
+	Kind  string          `json:"kind"`
+	Data  json.RawMessage `json:"data"`
 }
 
 // AppendEvent stores ev (ID and, when zero, At and TaskID are set; see
@@ -108,6 +116,8 @@ func (s *Store) AppendEvent(ctx context.Context, ev *Event) (int64, error) {
 type EventFilter struct {
 	SandboxID string
 	TaskID    string
+	// Team selects one team's events ("" = every team's).
+	Team string
 	// Kind selects a kind and its family: "egress" matches "egress" and
 	// every "egress.*" kind, "egress.dns" matches "egress.dns" and
 	// "egress.dns.*" (never "egress.dnsx"). A trailing ".", ".*" or "*"
@@ -123,8 +133,12 @@ type EventFilter struct {
 
 // ListEvents returns matching events in the order they were appended.
 func (s *Store) ListEvents(ctx context.Context, f EventFilter) ([]*Event, error) {
-	q := `SELECT id, at, sandbox_id, task_id, kind, data FROM events WHERE id > ?`
+	q := `SELECT id, at, sandbox_id, task_id, team, key_id, kind, data FROM events WHERE id > ?`
 	args := []any{f.AfterID}
+	if f.Team != "" {
+		q += ` AND team = ?`
+		args = append(args, f.Team)
+	}
 	if f.TaskID != "" {
 		q += ` AND task_id = ?`
 		args = append(args, f.TaskID)
@@ -161,7 +175,7 @@ func (s *Store) ListEvents(ctx context.Context, f EventFilter) ([]*Event, error)
 		var ev Event
 		var at int64
 		var data string
-		if err := rows.Scan(&ev.ID, &at, &ev.SandboxID, &ev.TaskID, &ev.Kind, &data); err != nil {
+		if err := rows.Scan(&ev.ID, &at, &ev.SandboxID, &ev.TaskID, &ev.Team, &ev.KeyID, &ev.Kind, &data); err != nil {
 			return nil, fmt.Errorf("list events: %w", err)
 		}
 		ev.At = time.UnixMicro(at).UTC()
@@ -179,34 +193,41 @@ func KindFamily(f string) string {
 }
 
 // AppendEvents stores evs in one transaction, in order. An event of a
-// sandbox that names no task gets the sandbox's task from its record (the
-// one place where events are attributed: whoever records an event of a
-// sandbox — the egress proxy, the DNS filter, the manager — need not know
-// its task, and `corral audit --task` sees every event a task's sandboxes
-// caused). ID and, when zero, At are set on each event.
+// sandbox gets the sandbox's team, and its task when it names none, from
+// the sandbox's record (the one place where events are attributed:
+// whoever records an event of a sandbox — the egress proxy, the DNS
+// filter, the manager — need not know its task or team, and `corral
+// audit --task` sees every event a task's sandboxes caused). ID and, when
+// zero, At are set on each event.
 func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("append events: %w", err)
 	}
 	defer tx.Rollback()
-	stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (at, sandbox_id, task_id, kind, data) VALUES (?,?,?,?,?)`)
+	stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (at, sandbox_id, task_id, team, key_id, kind, data) VALUES (?,?,?,?,?,?,?)`)
 	if err != nil {
 		return fmt.Errorf("append events: %w", err)
 	}
 	defer stmt.Close()
-	tasks := map[string]string{} // sandbox id -> task id, for this batch
+	type owner struct{ task, team string }
+	owners := map[string]owner{} // sandbox id -> its task and team, for this batch
 	for _, ev := range evs {
-		if ev.TaskID == "" && ev.SandboxID != "" {
-			task, ok := tasks[ev.SandboxID]
+		if ev.SandboxID != "" {
+			o, ok := owners[ev.SandboxID]
 			if !ok {
-				err := tx.QueryRowContext(ctx, `SELECT task_id FROM sandboxes WHERE id=?`, ev.SandboxID).Scan(&task)
+				err := tx.QueryRowContext(ctx, `SELECT task_id, team FROM sandboxes WHERE id=?`, ev.SandboxID).Scan(&o.task, &o.team)
 				if err != nil && !errors.Is(err, sql.ErrNoRows) {
-					return fmt.Errorf("append events: task of sandbox %s: %w", ev.SandboxID, err)
+					return fmt.Errorf("append events: owner of sandbox %s: %w", ev.SandboxID, err)
 				}
-				tasks[ev.SandboxID] = task
+				owners[ev.SandboxID] = o
 			}
-			ev.TaskID = task
+			if ev.TaskID == "" {
+				ev.TaskID = o.task
+			}
+			if o.team != "" {
+				ev.Team = o.team
+			}
 		}
 		if ev.At.IsZero() {
 			ev.At = time.Now().UTC()
@@ -215,7 +236,7 @@ func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 		if len(data) == 0 {
 			data = json.RawMessage("{}")
 		}
-		r, err := stmt.ExecContext(ctx, ev.At.UnixMicro(), ev.SandboxID, ev.TaskID, ev.Kind, string(data))
+		r, err := stmt.ExecContext(ctx, ev.At.UnixMicro(), ev.SandboxID, ev.TaskID, ev.Team, ev.KeyID, ev.Kind, string(data))
 		if err != nil {
 			return fmt.Errorf("append %s event: %w", ev.Kind, err)
 		}

@@ -12,7 +12,9 @@ import (
 // Snapshot is a saved writable layer of a sandbox: a new sandbox started
 // from it sees the template with every layer of the chain on top.
 type Snapshot struct {
-	ID        string
+	ID string
+	// Team owns the snapshot: the team of the key that took it.
+	Team      string
 	Name      string
 	SandboxID string // the sandbox it was taken from
 	Template  string // the template at the bottom of the chain
@@ -24,13 +26,13 @@ type Snapshot struct {
 	CreatedAt time.Time
 }
 
-const snapshotCols = `id, name, sandbox_id, template, parent, layers, size_bytes, created_at`
+const snapshotCols = `id, name, sandbox_id, template, parent, layers, size_bytes, created_at, team`
 
 // InsertSnapshot records a snapshot.
 func (s *Store) InsertSnapshot(ctx context.Context, sn *Snapshot) error {
 	l, _ := json.Marshal(sn.Layers)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?)`,
-		sn.ID, sn.Name, sn.SandboxID, sn.Template, sn.Parent, string(l), sn.SizeBytes, ms(sn.CreatedAt))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?)`,
+		sn.ID, sn.Name, sn.SandboxID, sn.Template, sn.Parent, string(l), sn.SizeBytes, ms(sn.CreatedAt), teamOr(sn.Team))
 	if err != nil {
 		return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
 	}
@@ -125,7 +127,7 @@ func scanSnapshot(sc scanner) (*Snapshot, error) {
 	var sn Snapshot
 	var l string
 	var created int64
-	if err := sc.Scan(&sn.ID, &sn.Name, &sn.SandboxID, &sn.Template, &sn.Parent, &l, &sn.SizeBytes, &created); err != nil {
+	if err := sc.Scan(&sn.ID, &sn.Name, &sn.SandboxID, &sn.Template, &sn.Parent, &l, &sn.SizeBytes, &created, &sn.Team); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(l), &sn.Layers)

@@ -23,6 +23,10 @@ import (
 // ErrNotFound is returned when no record matches.
 var ErrNotFound = errors.New("record not found")
 
+// DefaultTeam is the team of the admin key made on first start, and of
+// every record made before corral had teams.
+const DefaultTeam = "default"
+
 // Store is an open corral database.
 type Store struct {
 	db *sql.DB
@@ -195,6 +199,15 @@ var addedColumns = []struct{ table, column, def string }{
 	{"sandboxes", "volumes", "TEXT NOT NULL DEFAULT '[]'"},
 	{"secrets", "allow_http", "INTEGER NOT NULL DEFAULT 0"},
 	{"sandboxes", "traffic_token", "TEXT NOT NULL DEFAULT ''"},
+	{"sandboxes", "team", "TEXT NOT NULL DEFAULT 'default'"},
+	{"tasks", "team", "TEXT NOT NULL DEFAULT 'default'"},
+	{"snapshots", "team", "TEXT NOT NULL DEFAULT 'default'"},
+	{"events", "team", "TEXT NOT NULL DEFAULT ''"},
+	{"events", "key_id", "TEXT NOT NULL DEFAULT ''"},
+	{"template_versions", "team", "TEXT NOT NULL DEFAULT ''"},
+	{"api_keys", "team", "TEXT NOT NULL DEFAULT 'default'"},
+	{"api_keys", "role", "TEXT NOT NULL DEFAULT 'admin'"},
+	{"api_keys", "revoked_at", "INTEGER"},
 }
 
 func addColumns(db *sql.DB) error {
@@ -233,7 +246,9 @@ const (
 
 // Sandbox is the record of one sandbox.
 type Sandbox struct {
-	ID             string
+	ID string
+	// Team owns the sandbox: the team of the key that created it.
+	Team           string
 	Template       string
 	Runtime        string
 	Tier           string
@@ -307,11 +322,11 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	lc, _ := json.Marshal(sb.Lifecycle)
 	vols, _ := json.Marshal(orEmptySlice(sb.Volumes))
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
-		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version, env, lifecycle, volumes, traffic_token)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version, env, lifecycle, volumes, traffic_token, team)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
 		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID, sb.Snapshot, sb.TemplateVersion,
-		string(envJSON), string(lc), string(vols), sb.TrafficToken)
+		string(envJSON), string(lc), string(vols), sb.TrafficToken, teamOr(sb.Team))
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
@@ -394,7 +409,16 @@ func (s *Store) SetState(ctx context.Context, id, state string, expires time.Tim
 	return nil
 }
 
-const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version, env, persisted, lifecycle, volumes, traffic_token`
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version, env, persisted, lifecycle, volumes, traffic_token, team`
+
+// teamOr is team, or DefaultTeam when it is empty: every record has a
+// team.
+func teamOr(team string) string {
+	if team == "" {
+		return DefaultTeam
+	}
+	return team
+}
 
 func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
@@ -402,7 +426,7 @@ func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var ctMS, created, expires int64
 	var ended sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
-		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion, &envJSON, &sb.Persisted, &lc, &vols, &sb.TrafficToken); err != nil {
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion, &envJSON, &sb.Persisted, &lc, &vols, &sb.TrafficToken, &sb.Team); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(envJSON), &sb.Env)
@@ -583,10 +607,10 @@ func HashKey(key string) string {
 	return hex.EncodeToString(h[:])
 }
 
-// AddAPIKey stores the hash of key.
-func (s *Store) AddAPIKey(ctx context.Context, name, key string) error {
-	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO api_keys (hash, name, created_at) VALUES (?,?,?)`,
-		HashKey(key), name, ms(time.Now()))
+// AddAPIKey stores the hash of key, as a key of team with role.
+func (s *Store) AddAPIKey(ctx context.Context, name, key, team, role string) error {
+	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO api_keys (hash, name, created_at, team, role) VALUES (?,?,?,?,?)`,
+		HashKey(key), name, ms(time.Now()), teamOr(team), role)
 	if err != nil {
 		return fmt.Errorf("add api key: %w", err)
 	}
@@ -598,28 +622,37 @@ type APIKey struct {
 	// Hash is HashKey of the key (hex SHA-256).
 	Hash string
 	// Name names the key ("admin" for the data dir's admin.key).
-	Name      string
+	Name string
+	// Team is the team the key acts for.
+	Team string
+	// Role is "admin" or "member".
+	Role      string
 	CreatedAt time.Time
+	// RevokedAt is when the key was revoked; a revoked key authenticates
+	// nothing.
+	RevokedAt *time.Time
 }
 
-// LookupAPIKey returns the stored key whose hash is HashKey(key), or an
-// error wrapping ErrNotFound. The row is found by the key's SHA-256 (an
-// index lookup whose timing can reveal at most a prefix of a hash, not of
-// the key), then the stored hash is compared with the computed one in
-// constant time, so a timing side channel tells a caller nothing about a
-// key it does not hold.
+// LookupAPIKey returns the stored, unrevoked key whose hash is
+// HashKey(key), or an error wrapping ErrNotFound. The row is found by the
+// key's SHA-256 (an index lookup whose timing can reveal at most a prefix
+// of a hash, not of the key), then the stored hash is compared with the
+// computed one in constant time, so a timing side channel tells a caller
+// nothing about a key it does not hold.
 func (s *Store) LookupAPIKey(ctx context.Context, key string) (*APIKey, error) {
 	want := HashKey(key)
 	var k APIKey
 	var created int64
-	err := s.db.QueryRowContext(ctx, `SELECT hash, name, created_at FROM api_keys WHERE hash=?`, want).Scan(&k.Hash, &k.Name, &created)
+	var revoked sql.NullInt64
+	err := s.db.QueryRowContext(ctx, `SELECT hash, name, team, role, created_at, revoked_at FROM api_keys WHERE hash=?`, want).
+		Scan(&k.Hash, &k.Name, &k.Team, &k.Role, &created, &revoked)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("api key: %w", ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up api key: %w", err)
 	}
-	if subtle.ConstantTimeCompare([]byte(k.Hash), []byte(want)) != 1 {
+	if subtle.ConstantTimeCompare([]byte(k.Hash), []byte(want)) != 1 || revoked.Valid {
 		return nil, fmt.Errorf("api key: %w", ErrNotFound)
 	}
 	k.CreatedAt = time.UnixMilli(created).UTC()

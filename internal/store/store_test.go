@@ -41,7 +41,7 @@ func TestRecordsSurviveReopen(t *testing.T) {
 	if err := s.EndSandbox(ctx, "abc", "ttl", "", now); err != nil { // first end wins
 		t.Fatal(err)
 	}
-	if err := s.AddAPIKey(ctx, "admin", "e2b_secret"); err != nil {
+	if err := s.AddAPIKey(ctx, "admin", "e2b_secret", "", "admin"); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()

@@ -50,7 +50,9 @@ type Breaker struct {
 
 // Task is one agent session: the sandboxes and tool calls of one run.
 type Task struct {
-	ID       string
+	ID string
+	// Team owns the task: the team of the key that created it.
+	Team     string
 	Agent    string
 	Implicit bool // made for one sandbox created without a task
 	State    string
@@ -67,7 +69,7 @@ type Task struct {
 	EndedAt   *time.Time
 }
 
-const taskCols = `id, agent, implicit, state, budgets, usage, breaker, on_trip, artifacts, created_at, ended_at`
+const taskCols = `id, agent, implicit, state, budgets, usage, breaker, on_trip, artifacts, created_at, ended_at, team`
 
 // InsertTask records a new task.
 func (s *Store) InsertTask(ctx context.Context, t *Task) error {
@@ -79,8 +81,8 @@ func (s *Store) InsertTask(ctx context.Context, t *Task) error {
 		arts = []string{}
 	}
 	a, _ := json.Marshal(arts)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO tasks (`+taskCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,NULL)`,
-		t.ID, t.Agent, t.Implicit, t.State, string(b), string(u), string(br), t.OnTrip, string(a), ms(t.CreatedAt))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO tasks (`+taskCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,NULL,?)`,
+		t.ID, t.Agent, t.Implicit, t.State, string(b), string(u), string(br), t.OnTrip, string(a), ms(t.CreatedAt), teamOr(t.Team))
 	if err != nil {
 		return fmt.Errorf("insert task %s: %w", t.ID, err)
 	}
@@ -138,7 +140,7 @@ func scanTask(sc scanner) (*Task, error) {
 	var b, u, br, a string
 	var created int64
 	var ended sql.NullInt64
-	if err := sc.Scan(&t.ID, &t.Agent, &t.Implicit, &t.State, &b, &u, &br, &t.OnTrip, &a, &created, &ended); err != nil {
+	if err := sc.Scan(&t.ID, &t.Agent, &t.Implicit, &t.State, &b, &u, &br, &t.OnTrip, &a, &created, &ended, &t.Team); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(b), &t.Budgets)

@@ -34,12 +34,15 @@ type TemplateVersion struct {
 	BuildLog  string // path of the build log, if any
 	CreatedAt time.Time
 	Current   bool // the version the bare name resolves to
+	// Team is the one team that may use a private template; "" is a
+	// template published for every team.
+	Team string
 }
 
 // Ref is "name:version".
 func (t *TemplateVersion) Ref() string { return t.Name + ":" + t.Version }
 
-const templateCols = `name, version, digest, parent, source, rootfs, layers, config, size_bytes, build_log, created_at, current`
+const templateCols = `name, version, digest, parent, source, rootfs, layers, config, size_bytes, build_log, created_at, current, team`
 
 // InsertTemplateVersion records a new version; with makeCurrent it becomes
 // the one the bare name resolves to.
@@ -56,8 +59,8 @@ func (s *Store) InsertTemplateVersion(ctx context.Context, t *TemplateVersion, m
 			return err
 		}
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO template_versions (`+templateCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
-		t.Name, t.Version, t.Digest, t.Parent, t.Source, t.RootFS, string(l), string(c), t.SizeBytes, t.BuildLog, ms(t.CreatedAt), makeCurrent)
+	_, err = tx.ExecContext(ctx, `INSERT INTO template_versions (`+templateCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		t.Name, t.Version, t.Digest, t.Parent, t.Source, t.RootFS, string(l), string(c), t.SizeBytes, t.BuildLog, ms(t.CreatedAt), makeCurrent, t.Team)
 	if err != nil {
 		return fmt.Errorf("insert template %s: %w", t.Ref(), err)
 	}
@@ -153,7 +156,7 @@ func scanTemplate(sc scanner) (*TemplateVersion, error) {
 	var t TemplateVersion
 	var l, c string
 	var created int64
-	if err := sc.Scan(&t.Name, &t.Version, &t.Digest, &t.Parent, &t.Source, &t.RootFS, &l, &c, &t.SizeBytes, &t.BuildLog, &created, &t.Current); err != nil {
+	if err := sc.Scan(&t.Name, &t.Version, &t.Digest, &t.Parent, &t.Source, &t.RootFS, &l, &c, &t.SizeBytes, &t.BuildLog, &created, &t.Current, &t.Team); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(l), &t.Layers)

@@ -124,10 +124,15 @@ type Event struct {
 	ID   int64     `json:"id"`
 	Time time.Time `json:"time"`
 	// Sandbox and Task are "" for events of neither (secret changes).
-	Sandbox string          `json:"sandbox"`
-	Task    string          `json:"task"`
-	Kind    string          `json:"kind"`
-	Data    json.RawMessage `json:"data"`
+	Sandbox string `json:"sandbox"`
+	Task    string `json:"task"`
+	// Team is the team the event belongs to ("" for server events).
+	Team string `json:"team"`
+	// KeyID identifies the API key that caused the event, "" when none
+	// did (the sandbox itself, a timer, the server).
+	KeyID string          `json:"key_id"`
+	Kind  string          `json:"kind"`
+	Data  json.RawMessage `json:"data"`
 }
 
 // AuditQuery filters Audit; zero fields match everything.
