@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/corralhq/corral/internal/actor"
 	"github.com/corralhq/corral/internal/store"
 )
 
@@ -138,10 +139,7 @@ var nativeRoutes = routeFamily{
 // "message"} (the SDK turns a 401 into its AuthenticationError).
 var e2bRoutes = routeFamily{
 	unauthenticated: func(w http.ResponseWriter) { e2bError(w, http.StatusUnauthorized, "Invalid API key") },
-	failed: func(s *Server, w http.ResponseWriter, r *http.Request, err error) {
-		s.log.Error("check api key", "err", err)
-		e2bError(w, http.StatusInternalServerError, "internal error")
-	},
+	failed: func(s *Server, w http.ResponseWriter, r *http.Request, err error) { s.e2bWriteErr(w, r, err) },
 }
 
 // authenticate is the one auth middleware of API-key routes: it
@@ -159,7 +157,26 @@ func (s *Server) authenticate(f routeFamily, h http.HandlerFunc) http.Handler {
 			f.failed(s, w, r, err)
 			return
 		}
-		h(w, r.WithContext(withIdentity(r.Context(), id)))
+		sc, err := scopeFor(id, r)
+		if err != nil {
+			f.failed(s, w, r, err)
+			return
+		}
+		ctx := actor.With(withScope(withIdentity(r.Context(), id), sc), actor.Actor{Team: id.Team, KeyID: id.KeyID})
+		h(w, r.WithContext(ctx))
+	})
+}
+
+// admin guards a native server-wide route: only an admin key may call
+// it (keys, team quotas, publishing templates). It defends against a
+// member key acting beyond its team.
+func (s *Server) admin(h http.HandlerFunc) http.Handler {
+	return s.auth(func(w http.ResponseWriter, r *http.Request) {
+		if id, _ := identityFrom(r.Context()); id.Role != RoleAdmin {
+			s.writeErr(w, r, errAdminOnly)
+			return
+		}
+		h(w, r)
 	})
 }
 

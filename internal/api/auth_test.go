@@ -212,7 +212,7 @@ func TestRouteFamilies(t *testing.T) {
 // TestEveryRouteAuthenticated guards against a route registered without
 // the API-key check (an open door for every caller that can reach the
 // port): every s.mux.Handle registration in the API's sources goes
-// through s.auth or s.e2bAuth unless it is one of the few public routes
+// through s.auth, s.admin or s.e2bAuth unless it is one of the few public routes
 // named here with the reason, and each authenticated route, called
 // without a key or with a wrong one, answers 401 in its family's shape
 // without reaching its handler.
@@ -250,10 +250,10 @@ func TestEveryRouteAuthenticated(t *testing.T) {
 			args := line[strings.Index(line, "(")+1:]
 			pattern, rest, _ := strings.Cut(args, ",")
 			rest = strings.TrimSpace(rest)
-			authed, e2b := strings.HasPrefix(rest, "s.auth("), strings.HasPrefix(rest, "s.e2bAuth(")
+			authed, e2b := strings.HasPrefix(rest, "s.auth(") || strings.HasPrefix(rest, "s.admin("), strings.HasPrefix(rest, "s.e2bAuth(")
 			if !authed && !e2b {
 				if _, ok := public[pattern]; !ok {
-					t.Errorf("%s: route %s is registered without s.auth or s.e2bAuth: %s", f, pattern, line)
+					t.Errorf("%s: route %s is registered without s.auth, s.admin or s.e2bAuth: %s", f, pattern, line)
 				}
 				continue
 			}

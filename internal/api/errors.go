@@ -35,6 +35,7 @@ const (
 	CodeEnvSecret          = corral.CodeEnvSecretRefused
 	CodeNetworkUnavailable = corral.CodeNetworkUnavailable
 	CodeVolumesUnavailable = corral.CodeVolumesUnavailable
+	CodeForbidden          = corral.CodeForbidden
 )
 
 // MaxJSONBody bounds JSON request bodies.
@@ -89,6 +90,10 @@ func classify(err error) apiFailure {
 	var rinv *registry.InvalidError
 	var rconflict *registry.ConflictError
 	switch {
+	case errors.Is(err, errForbiddenTeam):
+		return apiFailure{status: http.StatusForbidden, code: CodeForbidden, msg: errForbiddenTeam.Error()}
+	case errors.Is(err, errAdminOnly):
+		return apiFailure{status: http.StatusForbidden, code: CodeForbidden, msg: errAdminOnly.Error()}
 	case errors.As(err, &trip):
 		return apiFailure{status: http.StatusForbidden, code: trip.Code, msg: trip.Msg}
 	case errors.As(err, &capErr):

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corralhq/corral/internal/actor"
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/store"
 )
@@ -67,9 +68,27 @@ func (l *Log) Record(sandbox, kind string, data any) {
 	l.RecordTask(sandbox, "", kind, data)
 }
 
+// RecordBy is Record for an event caused by a request: the event also
+// records the team and API key id of the actor ctx carries (never the
+// key). An event of a sandbox belongs to the sandbox's team whoever
+// caused it.
+func (l *Log) RecordBy(ctx context.Context, sandbox, kind string, data any) {
+	l.record(actor.From(ctx), sandbox, "", kind, data)
+}
+
 // RecordTask is Record for an event that belongs to a task, for events
 // of a task itself (budgets, breakers) that may name no sandbox.
 func (l *Log) RecordTask(sandbox, task, kind string, data any) {
+	l.record(actor.Actor{}, sandbox, task, kind, data)
+}
+
+// RecordTaskBy is RecordTask for an event caused by a request (see
+// RecordBy).
+func (l *Log) RecordTaskBy(ctx context.Context, sandbox, task, kind string, data any) {
+	l.record(actor.From(ctx), sandbox, task, kind, data)
+}
+
+func (l *Log) record(by actor.Actor, sandbox, task, kind string, data any) {
 	b, err := json.Marshal(data)
 	if err != nil || len(b) == 0 || b[0] != '{' {
 		b = []byte("{}")
@@ -83,7 +102,7 @@ func (l *Log) RecordTask(sandbox, task, kind string, data any) {
 		l.log.Error("audit event after close", "sandbox", sandbox, "kind", kind)
 		return
 	}
-	ev := &store.Event{At: time.Now().UTC(), SandboxID: sandbox, TaskID: task, Kind: kind, Data: json.RawMessage(b)}
+	ev := &store.Event{At: time.Now().UTC(), SandboxID: sandbox, TaskID: task, Team: by.Team, KeyID: by.KeyID, Kind: kind, Data: json.RawMessage(b)}
 	if l.observe != nil {
 		l.observe(ev)
 	}

@@ -55,6 +55,11 @@ const (
 	// CodeVolumesUnavailable: volumes were asked for and the server has
 	// none; status 503.
 	CodeVolumesUnavailable = "volumes_unavailable"
+	// CodeForbidden: the key's role does not allow the call (a member key
+	// on an admin-only route, or asking for another team's records);
+	// status 403. Another team's records are never forbidden but absent
+	// (CodeNotFound).
+	CodeForbidden = "forbidden"
 )
 
 // APIError is an error reported by the corral server or by a sandbox's
