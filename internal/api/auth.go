@@ -139,7 +139,7 @@ var nativeRoutes = routeFamily{
 // "message"} (the SDK turns a 401 into its AuthenticationError).
 var e2bRoutes = routeFamily{
 	unauthenticated: func(w http.ResponseWriter) { e2bError(w, http.StatusUnauthorized, "Invalid API key") },
-	failed: func(s *Server, w http.ResponseWriter, r *http.Request, err error) { s.e2bWriteErr(w, r, err) },
+	failed:          func(s *Server, w http.ResponseWriter, r *http.Request, err error) { s.e2bWriteErr(w, r, err) },
 }
 
 // authenticate is the one auth middleware of API-key routes: it
