@@ -240,8 +240,8 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
 						}
 						w.Write(append(b, '\n'))
 					} else {
-						fmt.Fprintf(w, "%s  %-20s %-20s %-22s %s\n", ev.Time.Local().Format("2006-01-02 15:04:05.000"),
-							orDash(ev.Sandbox), orDash(ev.Task), ev.Kind, ev.Data)
+						fmt.Fprintf(w, "%s  %-12s %-16s %-20s %-20s %-22s %s\n", ev.Time.Local().Format("2006-01-02 15:04:05.000"),
+							orDash(ev.Team), orDash(ev.KeyID), orDash(ev.Sandbox), orDash(ev.Task), ev.Kind, ev.Data)
 					}
 					q.After = ev.ID
 				}
@@ -258,12 +258,13 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
 		}),
 	}
 	f := cmd.Flags()
+	f.StringVar(&q.Team, "team", "", `another team's events (admin keys only; "all": every team's and the server's own); default: the key's team`)
 	f.StringVar(&q.Task, "task", "", "only this task's events")
 	f.StringVar(&q.Sandbox, "sandbox", "", "only this sandbox's events")
 	f.StringVar(&q.Kind, "kind", "", `only this kind and its family: "egress" is egress and every egress.* kind (egress.http, egress.dns, ...); "egress." is the same`)
 	f.StringVar(&since, "since", "", "only events newer than a duration ago (10m) or an RFC 3339 time")
 	f.IntVar(&q.Limit, "limit", 0, "at most this many events per request (1..10000)")
-	f.BoolVar(&asJSON, "json", false, "print one JSON object per line (id, time, sandbox, task, kind, data): JSON Lines, for export")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object per line (id, time, sandbox, task, team, key_id, kind, data): JSON Lines, for export")
 	f.BoolVar(&asJSON, "jsonl", false, "same as --json")
 	f.BoolVar(&follow, "follow", false, "keep printing new events until interrupted")
 	cmd.AddCommand(newAuditExportCmd(g))
@@ -362,6 +363,7 @@ unlike "corral audit" it is not limited to 10000 events.`,
 		}),
 	}
 	f := cmd.Flags()
+	f.StringVar(&q.Team, "team", "", `another team's events (admin keys only; "all": every team's and the server's own); default: the key's team`)
 	f.StringVar(&q.Task, "task", "", "only this task's events")
 	f.StringVar(&q.Sandbox, "sandbox", "", "only this sandbox's events")
 	f.StringVar(&q.Kind, "kind", "", `only this kind and its family ("egress" is every egress.* kind)`)

@@ -40,24 +40,24 @@ func (s *Server) e2bRoutes() {
 	s.mux.Handle("POST /v2/sandboxes", s.e2bAuth(s.e2bCreate))
 	s.mux.Handle("GET /sandboxes", s.e2bAuth(s.e2bList))
 	s.mux.Handle("GET /v2/sandboxes", s.e2bAuth(s.e2bList))
-	s.mux.Handle("GET /sandboxes/{id}", s.e2bAuth(s.e2bGet))
-	s.mux.Handle("DELETE /sandboxes/{id}", s.e2bAuth(s.e2bKill))
-	s.mux.Handle("POST /sandboxes/{id}/timeout", s.e2bAuth(s.e2bTimeout))
+	s.mux.Handle("GET /sandboxes/{id}", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bGet)))
+	s.mux.Handle("DELETE /sandboxes/{id}", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bKill)))
+	s.mux.Handle("POST /sandboxes/{id}/timeout", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bTimeout)))
 	s.mux.Handle("POST /volumes", s.e2bAuth(s.e2bCreateVolume))
 	s.mux.Handle("GET /volumes", s.e2bAuth(s.e2bListVolumes))
 	s.mux.Handle("GET /volumes/{id}", s.e2bAuth(s.e2bGetVolume))
 	s.mux.Handle("DELETE /volumes/{id}", s.e2bAuth(s.e2bDeleteVolume))
-	s.mux.Handle("POST /sandboxes/{id}/connect", s.e2bAuth(s.e2bConnect))
-	s.mux.Handle("POST /v2/sandboxes/{id}/connect", s.e2bAuth(s.e2bConnect))
-	s.mux.Handle("GET /sandboxes/{id}/metrics", s.e2bAuth(s.e2bMetrics))
-	s.mux.Handle("POST /sandboxes/{id}/pause", s.e2bAuth(s.e2bPause))
-	s.mux.Handle("POST /sandboxes/{id}/resume", s.e2bAuth(s.e2bConnect))
-	s.mux.Handle("PUT /sandboxes/{id}/network", s.e2bAuth(s.e2bUpdateNetwork))
-	s.mux.Handle("POST /sandboxes/{id}/snapshots", s.e2bAuth(s.e2bCreateSnapshot))
+	s.mux.Handle("POST /sandboxes/{id}/connect", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bConnect)))
+	s.mux.Handle("POST /v2/sandboxes/{id}/connect", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bConnect)))
+	s.mux.Handle("GET /sandboxes/{id}/metrics", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bMetrics)))
+	s.mux.Handle("POST /sandboxes/{id}/pause", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bPause)))
+	s.mux.Handle("POST /sandboxes/{id}/resume", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bConnect)))
+	s.mux.Handle("PUT /sandboxes/{id}/network", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bUpdateNetwork)))
+	s.mux.Handle("POST /sandboxes/{id}/snapshots", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bCreateSnapshot)))
 	s.mux.Handle("GET /snapshots", s.e2bAuth(s.e2bListSnapshots))
-	s.mux.Handle("DELETE /templates/{id}", s.e2bAuth(s.e2bDeleteTemplate))
+	s.mux.Handle("DELETE /templates/{id}", s.e2bAuth(s.e2bScoped(e2bTemplateObject, s.e2bDeleteTemplate)))
 	s.mux.Handle("GET /templates/aliases/{alias}", s.e2bAuth(s.e2bTemplateAlias))
-	s.mux.Handle("POST /sandboxes/{id}/fork", s.e2bAuth(s.e2bFork))
+	s.mux.Handle("POST /sandboxes/{id}/fork", s.e2bAuth(s.e2bScoped(sandboxObject, s.e2bFork)))
 }
 
 // e2bError writes E2B's error shape: {"code": <status>, "message": ...}.
@@ -217,7 +217,7 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		e2bError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	cr := sandbox.CreateRequest{Template: req.TemplateID, Timeout: &ttl, Metadata: req.Metadata, Env: req.EnvVars,
+	cr := sandbox.CreateRequest{Team: callerTeam(r), Template: req.TemplateID, Timeout: &ttl, Metadata: req.Metadata, Env: req.EnvVars,
 		Network: mode, Allow: allow, PublicTraffic: public,
 		// lifecycle.onTimeout "pause": E2B keeps memory unless keepMemory is false.
 		AutoPause: req.AutoPause != nil && *req.AutoPause, PauseMemory: req.AutoPauseMemory == nil || *req.AutoPauseMemory}
@@ -502,7 +502,7 @@ func (s *Server) e2bList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	all, err := s.mgr.List(r.Context(), match, states...)
+	all, err := s.mgr.List(r.Context(), store.SandboxFilter{Team: scopeFrom(r.Context()).filter(), States: states}, match)
 	if err != nil {
 		e2bError(w, http.StatusInternalServerError, "internal error")
 		return

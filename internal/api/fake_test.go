@@ -193,7 +193,7 @@ func TestNativeErrors(t *testing.T) {
 			t.Errorf("%s: %d %+v, want %d %s", c.name, st, ae, c.status, c.code)
 		}
 	}
-	if all, _ := e.st.ListSandboxes(context.Background()); len(all) != 0 || e.d.Starts() != 0 {
+	if all, _ := e.st.ListSandboxes(context.Background(), store.SandboxFilter{}); len(all) != 0 || e.d.Starts() != 0 {
 		t.Fatalf("refused creates left %d records, %d starts", len(all), e.d.Starts())
 	}
 	e.createNative(map[string]any{})
@@ -201,7 +201,7 @@ func TestNativeErrors(t *testing.T) {
 	if st := e.call("POST", "/v1/sandboxes", apiKey, map[string]any{}, &ae); st != http.StatusTooManyRequests || ae.Code != api.CodeCapacityExceeded {
 		t.Fatalf("over capacity: %d %+v", st, ae)
 	}
-	if all, _ := e.st.ListSandboxes(context.Background()); len(all) != 1 {
+	if all, _ := e.st.ListSandboxes(context.Background(), store.SandboxFilter{}); len(all) != 1 {
 		t.Fatalf("%d records after a refused create, want 1", len(all))
 	}
 }
@@ -408,7 +408,7 @@ func TestE2BErrors(t *testing.T) {
 			t.Errorf("%s: %d %+v, want %d", c.name, st, ee, c.status)
 		}
 	}
-	if all, _ := e.st.ListSandboxes(context.Background()); len(all) != 0 {
+	if all, _ := e.st.ListSandboxes(context.Background(), store.SandboxFilter{}); len(all) != 0 {
 		t.Fatalf("refused creates left %d records", len(all))
 	}
 	var sb e2bSandbox

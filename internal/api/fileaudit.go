@@ -43,7 +43,7 @@ func fileAudit(mgr *sandbox.Manager, next http.Handler) http.Handler {
 		if counted != nil {
 			data["bytes"] = counted.n
 		}
-		mgr.RecordEvent(sandboxIDFrom(r.Context()), kind, data)
+		mgr.RecordEvent(r.Context(), sandboxIDFrom(r.Context()), kind, data)
 	})
 }
 

@@ -192,7 +192,9 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 // as {"events": [...]}, or as JSON Lines with format=jsonl.
 func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := store.EventFilter{SandboxID: q.Get("sandbox"), TaskID: q.Get("task"), Kind: q.Get("kind")}
+	// A team sees its own events only; server events (no team) only an
+	// admin's ?team=all.
+	f := store.EventFilter{Team: scopeFrom(r.Context()).filter(), SandboxID: q.Get("sandbox"), TaskID: q.Get("task"), Kind: q.Get("kind")}
 	var err error
 	parseTime := func(name string) time.Time {
 		v := q.Get(name)

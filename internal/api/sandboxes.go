@@ -11,7 +11,9 @@ import (
 
 // sandboxView is the JSON form of a sandbox (docs/api.md).
 type sandboxView struct {
-	ID             string              `json:"id"`
+	ID string `json:"id"`
+	// Team owns the sandbox.
+	Team           string              `json:"team"`
 	Template       string              `json:"template"`
 	Runtime        string              `json:"runtime"`
 	State          string              `json:"state"`
@@ -43,7 +45,7 @@ func ts(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") 
 
 func view(sb *store.Sandbox) sandboxView {
 	v := sandboxView{
-		ID: sb.ID, Template: sb.Template, Runtime: sb.Runtime, State: sb.State, Tier: sb.Tier,
+		ID: sb.ID, Team: sb.Team, Template: sb.Template, Runtime: sb.Runtime, State: sb.State, Tier: sb.Tier,
 		Resources: sb.Resources, CommandTimeout: int64(sb.CommandTimeout / time.Second),
 		Network: sb.Network, Metadata: sb.Metadata, CreatedAt: ts(sb.CreatedAt),
 		ExpiresAt: ts(sb.ExpiresAt), EndReason: sb.EndReason,
@@ -75,6 +77,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
+	req.Team = callerTeam(r)
 	sb, err := s.mgr.Create(r.Context(), req)
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -102,7 +105,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 			match[name] = vs[0]
 		}
 	}
-	list, err := s.mgr.List(r.Context(), match, states...)
+	list, err := s.mgr.List(r.Context(), store.SandboxFilter{Team: scopeFrom(r.Context()).filter(), States: states}, match)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

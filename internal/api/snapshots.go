@@ -20,6 +20,8 @@ type snapshotView struct {
 	Layers    int    `json:"layers"`
 	SizeBytes int64  `json:"size_bytes"`
 	CreatedAt string `json:"created_at"`
+	// Team owns the snapshot.
+	Team string `json:"team"`
 }
 
 // forkView is the answer to a fork: the snapshot, the sandboxes started
@@ -32,7 +34,7 @@ type forkView struct {
 
 func snapshotOut(sn *store.Snapshot) snapshotView {
 	return snapshotView{ID: sn.ID, Name: sn.Name, Sandbox: sn.SandboxID, Template: sn.Template, Parent: sn.Parent,
-		Layers: len(sn.Layers), SizeBytes: sn.SizeBytes, CreatedAt: ts(sn.CreatedAt)}
+		Layers: len(sn.Layers), SizeBytes: sn.SizeBytes, CreatedAt: ts(sn.CreatedAt), Team: sn.Team}
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
@@ -51,7 +53,8 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
-	list, err := s.store.ListSnapshots(r.Context(), r.URL.Query().Get("sandbox"), r.URL.Query().Get("name"))
+	list, err := s.store.ListSnapshots(r.Context(), store.SnapshotFilter{Team: scopeFrom(r.Context()).filter(),
+		SandboxID: r.URL.Query().Get("sandbox"), Name: r.URL.Query().Get("name")})
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -152,7 +155,8 @@ func e2bSnapshotOut(sn *store.Snapshot) map[string]any {
 // e2bListSnapshots serves GET /snapshots?sandboxID=&name=&limit=&nextToken=.
 func (s *Server) e2bListSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	list, err := s.store.ListSnapshots(r.Context(), q.Get("sandboxID"), q.Get("name"))
+	list, err := s.store.ListSnapshots(r.Context(), store.SnapshotFilter{Team: scopeFrom(r.Context()).filter(),
+		SandboxID: q.Get("sandboxID"), Name: q.Get("name")})
 	if err != nil {
 		e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
 		return
@@ -202,6 +206,10 @@ func (s *Server) e2bDeleteTemplate(w http.ResponseWriter, r *http.Request) {
 // 200 when a template of that name (or name:version) exists, else 404.
 func (s *Server) e2bTemplateAlias(w http.ResponseWriter, r *http.Request) {
 	alias := r.PathValue("alias")
+	if s.templateVisible(r, alias, false) != nil {
+		e2bError(w, http.StatusNotFound, "template "+alias+" not found")
+		return
+	}
 	if _, err := s.templates.Resolve(r.Context(), alias); err == nil {
 		writeJSON(w, http.StatusOK, map[string]any{"templateID": alias, "public": false})
 		return

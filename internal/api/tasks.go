@@ -23,11 +23,13 @@ type taskView struct {
 	Sandboxes []string          `json:"sandboxes"`
 	CreatedAt string            `json:"created_at"`
 	EndedAt   *string           `json:"ended_at"`
+	// Team owns the task.
+	Team string `json:"team"`
 }
 
 func (s *Server) taskOut(t *store.Task) taskView {
 	v := taskView{ID: t.ID, Agent: t.Agent, Implicit: t.Implicit, State: t.State, Budgets: t.Budgets, Usage: t.Usage,
-		Breaker: t.Breaker, OnTrip: t.OnTrip, Artifacts: t.Artifacts, CreatedAt: ts(t.CreatedAt)}
+		Breaker: t.Breaker, OnTrip: t.OnTrip, Artifacts: t.Artifacts, CreatedAt: ts(t.CreatedAt), Team: t.Team}
 	if v.Artifacts == nil {
 		v.Artifacts = []string{}
 	}
@@ -70,6 +72,7 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) || !s.needGov(w) {
 		return
 	}
+	req.Team = callerTeam(r)
 	t, err := s.gov.Create(r.Context(), req)
 	if err != nil {
 		s.taskErr(w, r, err)
@@ -102,7 +105,7 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidArgument, "state must be open, tripped, ended or all")
 		return
 	}
-	list, err := s.store.ListTasks(r.Context(), states...)
+	list, err := s.store.ListTasks(r.Context(), store.TaskFilter{Team: scopeFrom(r.Context()).filter(), States: states})
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

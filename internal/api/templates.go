@@ -28,6 +28,9 @@ type templateView struct {
 	Current   bool                 `json:"current"`
 	Config    store.TemplateConfig `json:"config"`
 	CreatedAt string               `json:"created_at"`
+	// Team is the one team that may use the template; "" when it is
+	// published for every team.
+	Team string `json:"team"`
 }
 
 // importView is the answer to an import: the new version and the
@@ -39,7 +42,7 @@ type importView struct {
 
 func templateOut(t *store.TemplateVersion) templateView {
 	return templateView{Name: t.Name, Version: t.Version, Ref: t.Ref(), Digest: t.Digest, Parent: t.Parent, Source: t.Source,
-		SizeBytes: t.SizeBytes, Layers: 1 + len(t.Layers), Current: t.Current, Config: t.Config, CreatedAt: ts(t.CreatedAt)}
+		SizeBytes: t.SizeBytes, Layers: 1 + len(t.Layers), Current: t.Current, Config: t.Config, CreatedAt: ts(t.CreatedAt), Team: t.Team}
 }
 
 func (s *Server) templateErr(w http.ResponseWriter, r *http.Request, err error) {
@@ -56,9 +59,12 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	sc := scopeFrom(r.Context())
 	out := make([]templateView, 0, len(list))
 	for _, t := range list {
-		out = append(out, templateOut(t))
+		if t.Team == "" || sc.sees(t.Team) {
+			out = append(out, templateOut(t))
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
 }
@@ -74,6 +80,25 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) useTemplate(w http.ResponseWriter, r *http.Request) {
 	t, err := s.templates.Use(r.Context(), r.PathValue("ref"))
+	if err != nil {
+		s.templateErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, templateOut(t))
+}
+
+// publishTemplate serves POST /v1/templates/{ref}/publish (admin only):
+// every version of the template's name becomes usable by every team.
+func (s *Server) publishTemplate(w http.ResponseWriter, r *http.Request) {
+	name, _ := registry.SplitRef(r.PathValue("ref"))
+	if err := s.templates.Publish(r.Context(), name); err != nil {
+		s.templateErr(w, r, err)
+		return
+	}
+	if s.cfg.Audit != nil {
+		s.cfg.Audit.RecordBy(r.Context(), "", "template.published", map[string]any{"template": name})
+	}
+	t, err := s.templates.Resolve(r.Context(), name)
 	if err != nil {
 		s.templateErr(w, r, err)
 		return
@@ -101,6 +126,12 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "invalid spec: "+err.Error())
 		return
 	}
+	team, err := newTemplateTeam(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	spec.Team = team
 	w.Header().Set("Content-Type", "application/jsonl")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
@@ -195,8 +226,13 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 		}
 		src = template.ImportSource{Tarball: tmp.Name()}
 	}
+	team, err := newTemplateTeam(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
 	var log strings.Builder
-	tv, err := s.templates.Import(r.Context(), ref, src, &log)
+	tv, err := s.templates.Import(r.Context(), ref, team, src, &log)
 	if err != nil {
 		s.templateErr(w, r, err)
 		return

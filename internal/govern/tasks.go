@@ -83,6 +83,9 @@ var ErrNoTask = errors.New("task not found")
 
 // TaskRequest creates a task. Zero budget fields take the defaults.
 type TaskRequest struct {
+	// Team owns the task: the caller's team, never read from a request
+	// body ("" is store.DefaultTeam).
+	Team          string   `json:"-"`
 	Agent         string   `json:"agent"`
 	MaxCalls      int64    `json:"max_calls"`
 	MaxDurationS  int64    `json:"max_duration_s"`
@@ -109,6 +112,9 @@ type BudgetChange struct {
 // Recorder receives audit events (an *audit.Log).
 type Recorder interface {
 	RecordTask(sandbox, task, kind string, data any)
+	// RecordTaskBy is RecordTask for an event a request caused: it also
+	// records the team and key id of the actor in ctx.
+	RecordTaskBy(ctx context.Context, sandbox, task, kind string, data any)
 }
 
 // Config configures a Governor.
@@ -178,14 +184,21 @@ func (g *Governor) record(sandbox, task, kind string, data any) {
 	}
 }
 
+// recordBy records an event a request caused (with its key id).
+func (g *Governor) recordBy(ctx context.Context, sandbox, task, kind string, data any) {
+	if g.cfg.Audit != nil {
+		g.cfg.Audit.RecordTaskBy(ctx, sandbox, task, kind, data)
+	}
+}
+
 // Create makes a task.
 func (g *Governor) Create(ctx context.Context, req TaskRequest) (*store.Task, error) {
 	return g.create(ctx, req, false)
 }
 
-// CreateImplicit makes the task of a sandbox created without one.
-func (g *Governor) CreateImplicit(ctx context.Context, agent string) (*store.Task, error) {
-	return g.create(ctx, TaskRequest{Agent: agent}, true)
+// CreateImplicit makes the task of a sandbox of team created without one.
+func (g *Governor) CreateImplicit(ctx context.Context, team, agent string) (*store.Task, error) {
+	return g.create(ctx, TaskRequest{Team: team, Agent: agent}, true)
 }
 
 func (g *Governor) create(ctx context.Context, req TaskRequest, implicit bool) (*store.Task, error) {
@@ -212,7 +225,7 @@ func (g *Governor) create(ctx context.Context, req TaskRequest, implicit bool) (
 		}
 	}
 	b.NoLoopCheck = req.NoLoopCheck
-	t := &store.Task{ID: idgen.New("t", 19), Agent: req.Agent, Implicit: implicit, State: store.TaskOpen,
+	t := &store.Task{ID: idgen.New("t", 19), Team: req.Team, Agent: req.Agent, Implicit: implicit, State: store.TaskOpen,
 		Budgets: b, OnTrip: req.OnTrip, Artifacts: req.Artifacts, CreatedAt: g.cfg.Now().UTC()}
 	if err := g.st.InsertTask(ctx, t); err != nil {
 		return nil, err
@@ -220,7 +233,7 @@ func (g *Governor) create(ctx context.Context, req TaskRequest, implicit bool) (
 	g.mu.Lock()
 	g.tasks[t.ID] = g.newState(t)
 	g.mu.Unlock()
-	g.record("", t.ID, "task.created", map[string]any{"agent": t.Agent, "implicit": implicit, "budgets": t.Budgets, "on_trip": t.OnTrip})
+	g.recordBy(ctx, "", t.ID, "task.created", map[string]any{"agent": t.Agent, "implicit": implicit, "budgets": t.Budgets, "on_trip": t.OnTrip})
 	return cloneTask(t), nil
 }
 

@@ -23,6 +23,10 @@ func (r *recorded) RecordTask(_, _, kind string, _ any) {
 	r.mu.Unlock()
 }
 
+func (r *recorded) RecordTaskBy(_ context.Context, s, t, kind string, d any) {
+	r.RecordTask(s, t, kind, d)
+}
+
 func (r *recorded) has(kind string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -228,7 +232,7 @@ func TestBadTaskRequests(t *testing.T) {
 func TestImplicitTaskEndsWithItsSandbox(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	tk, err := f.g.CreateImplicit(ctx, "")
+	tk, err := f.g.CreateImplicit(ctx, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +248,7 @@ func TestImplicitTaskEndsWithItsSandbox(t *testing.T) {
 		t.Fatalf("implicit task after its sandbox ended: %+v %v", got, err)
 	}
 
-	tripped, _ := f.g.CreateImplicit(ctx, "")
+	tripped, _ := f.g.CreateImplicit(ctx, "", "")
 	_ = f.g.AdmitSandbox(ctx, tripped.ID, "s2")
 	if _, err := f.g.ReportTokens(ctx, tripped.ID, DefaultBudgets.MaxTokens+1); err != nil {
 		t.Fatal(err)

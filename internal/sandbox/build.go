@@ -49,14 +49,14 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec registry.Spec, progres
 	if spec.Base == "" || spec.Base == "debian:bookworm" {
 		spec.Base = "base"
 	}
-	base, err := m.resolveTemplate(ctx, spec.Base)
+	base, err := m.resolveTemplate(ctx, spec.Base, spec.Team)
 	if err != nil {
 		return nil, err
 	}
 	if spec.Version == "" {
 		spec.Version = time.Now().UTC().Format("20060102-150405")
 	}
-	if _, _, err := m.templates.CheckNew(ctx, spec.Name+":"+spec.Version); err != nil {
+	if _, _, err := m.templates.CheckNew(ctx, spec.Name+":"+spec.Version, spec.Team); err != nil {
 		return nil, err
 	}
 	dir, err := m.templates.NewLayerDir(spec.Name, spec.Version)
@@ -91,7 +91,8 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec registry.Spec, progres
 	// The build sandbox: its own task (builds make many calls), egress
 	// only where the spec needs it.
 	req := CreateRequest{Template: base.Ref(), Tier: "medium", Timeout: ptr(int64(2 * time.Hour / time.Second)),
-		Metadata: map[string]string{"corral": "template-build", "template": spec.Name + ":" + spec.Version}, Agent: "corral-template-build"}
+		Metadata: map[string]string{"corral": "template-build", "template": spec.Name + ":" + spec.Version}, Agent: "corral-template-build",
+		Team: teamOr(spec.Team)}
 	allow := append([]string{}, spec.Allow...)
 	switch {
 	case len(spec.AptSources) > 0:
@@ -106,7 +107,7 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec registry.Spec, progres
 		req.Network, req.Allow = "allow", allow
 	}
 	if m.cfg.Governor != nil {
-		t, err := m.cfg.Governor.Create(ctx, govern.TaskRequest{Agent: "corral-template-build", MaxCalls: 1000, MaxDurationS: 7200, MaxSandboxes: 1})
+		t, err := m.cfg.Governor.Create(ctx, govern.TaskRequest{Team: req.Team, Agent: "corral-template-build", MaxCalls: 1000, MaxDurationS: 7200, MaxSandboxes: 1})
 		if err != nil {
 			return nil, err
 		}
@@ -186,11 +187,12 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec registry.Spec, progres
 	tv = &store.TemplateVersion{Name: spec.Name, Version: spec.Version, Digest: digest, Parent: base.Ref(), Source: registry.SourceBuild,
 		RootFS: base.RootFS, Layers: append([]string{layer}, base.Layers...), SizeBytes: base.SizeBytes + size,
 		BuildLog: filepath.Join(dir, "build.log"), CreatedAt: time.Now().UTC(),
-		Config: store.TemplateConfig{Env: spec.Env, Workdir: spec.Workdir, Start: spec.Start, Runtime: spec.Runtime, Tier: spec.Tier}}
+		Config: store.TemplateConfig{Env: spec.Env, Workdir: spec.Workdir, Start: spec.Start, Runtime: spec.Runtime, Tier: spec.Tier},
+		Team:   spec.Team}
 	if err := m.templates.Add(ctx, tv); err != nil {
 		return nil, err
 	}
-	m.audit("", "template.built", map[string]any{"template": tv.Ref(), "parent": tv.Parent, "digest": digest, "bytes": size})
+	m.auditBy(ctx, "", "template.built", map[string]any{"template": tv.Ref(), "parent": tv.Parent, "digest": digest, "bytes": size})
 	say("built %s (%s, layer %d bytes)", tv.Ref(), digest[:19], size)
 	return tv, nil
 }

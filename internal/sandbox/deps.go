@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/netns"
 	"github.com/corralhq/corral/internal/runtime"
@@ -17,6 +18,9 @@ import (
 // log (*audit.Log).
 type auditRecorder interface {
 	Record(sandbox, kind string, data any)
+	// RecordBy records an event a request caused, with the team and API
+	// key id of the actor ctx carries.
+	RecordBy(ctx context.Context, sandbox, kind string, data any)
 }
 
 // networkGateway gives sandboxes their network (*gateway.Gateway): the

@@ -39,6 +39,9 @@ func (m *Manager) admit(ctx context.Context, req *CreateRequest, rec *store.Sand
 	var task *store.Task
 	if gov != nil && req.Task != "" {
 		task, err = gov.Get(ctx, req.Task)
+		if err == nil && task.Team != rec.Team {
+			err = govern.ErrNoTask // another team's task is absent
+		}
 		if errors.Is(err, govern.ErrNoTask) {
 			return release, invalid("task %q not found", req.Task)
 		}
@@ -61,7 +64,7 @@ func (m *Manager) admit(ctx context.Context, req *CreateRequest, rec *store.Sand
 		return release, nil
 	}
 	if task == nil {
-		task, err = gov.CreateImplicit(ctx, agent)
+		task, err = gov.CreateImplicit(ctx, rec.Team, agent)
 		if err != nil {
 			release()
 			return func() {}, err

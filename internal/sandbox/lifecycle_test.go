@@ -111,7 +111,7 @@ func TestCreateRefusesInvalid(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
-	if all, _ := h.st.ListSandboxes(context.Background()); len(all) != 0 {
+	if all, _ := h.st.ListSandboxes(context.Background(), store.SandboxFilter{}); len(all) != 0 {
 		t.Errorf("refused creates left %d records", len(all))
 	}
 	if n := h.d.Starts(); n != 0 {
@@ -132,7 +132,7 @@ func TestCreateOverCapacity(t *testing.T) {
 	if !errors.As(err, &capErr) {
 		t.Fatalf("second create: %v, want a CapacityError", err)
 	}
-	if all, _ := h.st.ListSandboxes(context.Background()); len(all) != 1 {
+	if all, _ := h.st.ListSandboxes(context.Background(), store.SandboxFilter{}); len(all) != 1 {
 		t.Fatalf("%d records, want only the first", len(all))
 	}
 	if _, err := h.m.Kill(context.Background(), first.ID); err != nil {
@@ -152,7 +152,7 @@ func TestCreateStartFailure(t *testing.T) {
 	if _, err := h.m.Create(context.Background(), sandbox.CreateRequest{}); err == nil || !strings.Contains(err.Error(), "runc exploded") {
 		t.Fatalf("create: %v", err)
 	}
-	all, _ := h.st.ListSandboxes(context.Background())
+	all, _ := h.st.ListSandboxes(context.Background(), store.SandboxFilter{})
 	if len(all) != 1 || all[0].State != store.StateEnded || all[0].EndReason != sandbox.EndError {
 		t.Fatalf("records = %+v", all)
 	}
@@ -481,7 +481,7 @@ func TestPool(t *testing.T) {
 	}
 	eventually(t, "the pool to fill", func() bool { return idle() == 2 })
 	pooled := h.held()
-	if all, _ := h.st.ListSandboxes(ctx); len(pooled) != 2 || len(all) != 0 {
+	if all, _ := h.st.ListSandboxes(ctx, store.SandboxFilter{}); len(pooled) != 2 || len(all) != 0 {
 		t.Fatalf("pool holds %v with %d records", pooled, len(all))
 	}
 	sb := h.create(sandbox.CreateRequest{Metadata: map[string]string{"k": "v"}, Timeout: ptr[int64](120)})

@@ -341,7 +341,8 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 			get = m.store.GetSnapshotAny
 		}
 		sn, err := get(context.Background(), req.Snapshot)
-		if err != nil {
+		if err != nil || sn.Team != teamOr(req.Team) {
+			// Another team's snapshot is absent, as if it did not exist.
 			return nil, rc, invalid("snapshot %q not found", req.Snapshot)
 		}
 		if req.Template != "" && req.Template != sn.Template && req.Template != strings.SplitN(sn.Template, ":", 2)[0] {
@@ -352,7 +353,7 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 	if req.Template == "" {
 		req.Template = m.cfg.DefaultTemplate
 	}
-	tv, err := m.resolveTemplate(context.Background(), req.Template)
+	tv, err := m.resolveTemplate(context.Background(), req.Template, teamOr(req.Team))
 	if err != nil {
 		return nil, rc, err
 	}
@@ -420,10 +421,7 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		ID: idgen.New("", idgen.SandboxLen), AccessToken: idgen.Token(), Template: req.Template, Runtime: req.Runtime, Tier: req.Tier,
 		Resources: res, CommandTimeout: cmdTimeout, Network: req.Network,
 		Metadata: req.Metadata, State: store.StateRunning, CreatedAt: now, ExpiresAt: now.Add(ttl),
-		Team: req.Team,
-	}
-	if rec.Team == "" {
-		rec.Team = store.DefaultTeam
+		Team: teamOr(req.Team),
 	}
 	if snap != nil {
 		rec.Snapshot = snap.ID
@@ -560,21 +558,29 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	case req.Snapshot != "":
 		source = "snapshot"
 	}
-	m.audit(rec.ID, "sandbox.created", map[string]any{
+	m.auditBy(ctx, rec.ID, "sandbox.created", map[string]any{
 		"agent": req.Agent, "from_pool": pd != nil, "source": source,
 		"create_ms": float64(time.Since(started).Microseconds()) / 1000,
 		"template":  rec.Template, "runtime": rec.Runtime, "tier": rec.Tier, "resources": rec.Resources,
 		"network": rec.Network, "allow": rec.Egress.Allow, "secrets": rec.Egress.Secrets, "metadata": rec.Metadata,
 	})
 	for _, w := range rec.Warnings {
-		m.audit(rec.ID, "sandbox.warning", map[string]any{"warning": w})
+		m.auditBy(ctx, rec.ID, "sandbox.warning", map[string]any{"warning": w})
 	}
 	if rec.TemplateVersion != "" {
-		if tv, err := m.resolveTemplate(ctx, rec.TemplateVersion); err == nil && tv.Config.Start != "" {
+		if tv, err := m.resolveTemplate(ctx, rec.TemplateVersion, rec.Team); err == nil && tv.Config.Start != "" {
 			m.startTemplateCommand(rec.ID, tv.Config)
 		}
 	}
 	return rec, nil
+}
+
+// teamOr is team, or store.DefaultTeam for "" (a caller without teams).
+func teamOr(team string) string {
+	if team == "" {
+		return store.DefaultTeam
+	}
+	return team
 }
 
 func (m *Manager) forget(id string) {
@@ -714,7 +720,7 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 	// The event is recorded before the record says ended, so that anyone
 	// who reads "ended" finds the event in the audit log.
 	task := m.taskOf(id)
-	m.audit(id, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
+	m.auditBy(ctx, id, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
 	if err := m.store.EndSandbox(context.WithoutCancel(ctx), id, reason, errText, time.Now()); err != nil {
 		m.audit(id, "sandbox.end_unrecorded", map[string]any{"reason": reason, "error": err.Error()})
 		return err
@@ -745,10 +751,31 @@ func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
 	return rec, err
 }
 
-// List returns sandboxes in the given states (all if none) whose
-// metadata contains every pair of match.
-func (m *Manager) List(ctx context.Context, match map[string]string, states ...string) ([]*store.Sandbox, error) {
-	all, err := m.store.ListSandboxes(ctx, states...)
+// Team returns the team that owns sandbox id, from memory for a live
+// sandbox and from its record otherwise; ErrNotFound for an id that never
+// existed.
+func (m *Manager) Team(ctx context.Context, id string) (string, error) {
+	m.mu.Lock()
+	ls, ok := m.live[id]
+	var team string
+	if ok {
+		team = ls.rec.Team
+	}
+	m.mu.Unlock()
+	if ok {
+		return team, nil
+	}
+	rec, err := m.Get(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return rec.Team, nil
+}
+
+// List returns the sandboxes f selects whose metadata contains every
+// pair of match.
+func (m *Manager) List(ctx context.Context, f store.SandboxFilter, match map[string]string) ([]*store.Sandbox, error) {
+	all, err := m.store.ListSandboxes(ctx, f)
 	if err != nil {
 		return nil, err
 	}
@@ -1068,7 +1095,7 @@ func (m *Manager) Stats(id string) (runtime.Stats, error) {
 // the rest are ended as orphaned; sandboxes the host holds without a
 // running record are torn down.
 func (m *Manager) Reconcile(ctx context.Context) error {
-	recs, err := m.store.ListSandboxes(ctx, store.StateRunning, store.StatePaused)
+	recs, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StateRunning, store.StatePaused}})
 	if err != nil {
 		return err
 	}

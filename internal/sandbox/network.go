@@ -213,7 +213,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req NetworkRequest)
 	m.mu.Lock()
 	rec.Network, rec.Egress = string(pol.Mode), eg
 	m.mu.Unlock()
-	m.audit(id, "network.changed", map[string]any{"mode": pol.Mode, "allow": eg.Allow})
+	m.auditBy(ctx, id, "network.changed", map[string]any{"mode": pol.Mode, "allow": eg.Allow})
 	m.log.Info("sandbox network changed", "id", id, "mode", pol.Mode, "allow", len(eg.Allow))
 	return m.store.GetSandbox(ctx, id)
 }
@@ -312,6 +312,16 @@ func (m *Manager) audit(id, kind string, data any) {
 	}
 }
 
-// RecordEvent records an event of sandbox id (and its task) in the audit
-// log, for events the API observes (file operations).
-func (m *Manager) RecordEvent(id, kind string, data any) { m.audit(id, kind, data) }
+// auditBy records an event a request caused: with the team and API key
+// id of the actor ctx carries.
+func (m *Manager) auditBy(ctx context.Context, id, kind string, data any) {
+	if m.cfg.Audit != nil {
+		m.cfg.Audit.RecordBy(ctx, id, kind, data)
+	}
+}
+
+// RecordEvent records an event of sandbox id (and its task) that the
+// request of ctx caused, for events the API observes (file operations).
+func (m *Manager) RecordEvent(ctx context.Context, id, kind string, data any) {
+	m.auditBy(ctx, id, kind, data)
+}

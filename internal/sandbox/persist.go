@@ -81,7 +81,7 @@ func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*stor
 	if err := m.store.SetState(ctx, id, store.StatePaused, time.Now().Add(remaining)); err != nil {
 		return nil, err
 	}
-	m.audit(id, "sandbox.paused", map[string]any{"persisted": sn.ID, "bytes": sn.SizeBytes})
+	m.auditBy(ctx, id, "sandbox.paused", map[string]any{"persisted": sn.ID, "bytes": sn.SizeBytes})
 	m.log.Info("sandbox paused and persisted", "id", id, "snapshot", sn.ID)
 	return m.store.GetSandbox(ctx, id)
 }
@@ -140,6 +140,6 @@ func (m *Manager) restart(ctx context.Context, ls *liveSandbox) error {
 		// stops what it started.
 		return ErrNotFound
 	}
-	m.audit(rec.ID, "sandbox.restarted", map[string]any{"from": rec.Persisted})
+	m.auditBy(ctx, rec.ID, "sandbox.restarted", map[string]any{"from": rec.Persisted})
 	return nil
 }

@@ -43,6 +43,9 @@ type Process struct {
 	task     string
 	call     *govern.CallTicket
 	warnings []string
+	// by carries the actor (team, API key id) of the request that
+	// started the command, for its audit event.
+	by context.Context
 }
 
 // StartProcess starts a command through the sandbox's agent. lifetime > 0
@@ -68,7 +71,7 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 	if user != "" {
 		creq.Header().Set("Authorization", agentclient.BasicUser(user))
 	}
-	p := &Process{m: m, id: id, task: task, call: call, cancel: cancel}
+	p := &Process{m: m, id: id, task: task, call: call, cancel: cancel, by: context.WithoutCancel(ctx)}
 	if st, err := m.driver.Stats(id); err == nil {
 		p.oomStart = st.OOMKills
 	}
@@ -158,7 +161,7 @@ func (p *Process) finish(end *process.ProcessEvent_EndEvent, err error) {
 	}
 	p.warnings = p.call.End(exit, failed)
 	lim := int64(p.m.cfg.MaxOutput)
-	p.m.audit(p.id, "command", map[string]any{
+	p.m.auditBy(p.by, p.id, "command", map[string]any{
 		"command": clipCommand(p.rec.Command), "cwd": p.rec.Cwd, "user": p.rec.User, "exit_code": p.rec.ExitCode,
 		"duration_ms": now.Sub(p.rec.StartedAt).Milliseconds(), "stdout_bytes": p.rec.StdoutBytes, "stderr_bytes": p.rec.StderrBytes,
 		"truncated": lim > 0 && (p.rec.StdoutBytes > lim || p.rec.StderrBytes > lim), "timed_out": p.rec.TimedOut,

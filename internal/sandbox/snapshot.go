@@ -98,7 +98,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, ls *liveSandbox, name stri
 		tmpl = rec.TemplateVersion // a snapshot pins the exact template version
 	}
 	parentSnap := parentSnapshot(&rec)
-	sn := &store.Snapshot{ID: snapID, Name: name, SandboxID: id, Template: tmpl, Parent: parentSnap,
+	sn := &store.Snapshot{ID: snapID, Team: rec.Team, Name: name, SandboxID: id, Template: tmpl, Parent: parentSnap,
 		Layers: []string{layer}, SizeBytes: size, CreatedAt: time.Now().UTC()}
 	if parentSnap != "" {
 		parent, err := m.store.GetSnapshotAny(ctx, parentSnap)
@@ -112,7 +112,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, ls *liveSandbox, name stri
 		_ = os.RemoveAll(filepath.Dir(layer))
 		return nil, err
 	}
-	m.audit(id, "snapshot.created", map[string]any{"snapshot": snapID, "name": name, "bytes": size, "layers": len(sn.Layers)})
+	m.auditBy(ctx, id, "snapshot.created", map[string]any{"snapshot": snapID, "name": name, "bytes": size, "layers": len(sn.Layers)})
 	m.log.Info("snapshot created", "sandbox", id, "snapshot", snapID, "bytes", size)
 	return sn, nil
 }
@@ -133,7 +133,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 		}
 		return err
 	}
-	m.audit("", "snapshot.deleted", map[string]any{"snapshot": id})
+	m.auditBy(ctx, "", "snapshot.deleted", map[string]any{"snapshot": id})
 	m.purgeSnapshot(ctx, id)
 	return nil
 }
@@ -204,6 +204,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, ttl *int64) ([
 			Resources: &ResourceRequest{CPU: r.CPU, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids, Nofile: r.Nofile},
 			Timeout:   ttl, Metadata: parent.Metadata, Network: parent.Network, Allow: parent.Egress.Allow,
 			Secrets: parent.Egress.Secrets, Task: parent.TaskID, Volumes: volume.Requests(parent.Volumes),
+			Team: parent.Team,
 		}
 		sb, err := m.Create(ctx, req)
 		if err != nil {

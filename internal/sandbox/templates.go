@@ -20,9 +20,10 @@ type TemplateRegistry interface {
 	// Resolve resolves "name" (its current version) or "name:version";
 	// an unknown one gives an error wrapping registry.ErrNotFound.
 	Resolve(ctx context.Context, ref string) (*store.TemplateVersion, error)
-	// CheckNew validates the "name:version" of a new version and
-	// refuses an existing one.
-	CheckNew(ctx context.Context, ref string) (name, version string, err error)
+	// CheckNew validates the "name:version" of a new version for team
+	// ("" = published) and refuses an existing one or a name another team
+	// owns.
+	CheckNew(ctx context.Context, ref, team string) (name, version string, err error)
 	// NewLayerDir creates the directory of a new version's files.
 	NewLayerDir(name, version string) (string, error)
 	// Add records a new version and makes it current.
@@ -64,8 +65,13 @@ func (m *Manager) startTemplateCommand(id string, c store.TemplateConfig) {
 
 // resolveTemplate finds the template version a create names (see
 // registry.Registry.Resolve); an unknown one is the caller's mistake.
-func (m *Manager) resolveTemplate(ctx context.Context, ref string) (*store.TemplateVersion, error) {
+func (m *Manager) resolveTemplate(ctx context.Context, ref, team string) (*store.TemplateVersion, error) {
 	tv, err := m.templates.Resolve(ctx, ref)
+	if err == nil && !registry.Visible(tv, team) {
+		// Another team's private template is absent, as if it did not
+		// exist.
+		err = registry.ErrNotFound
+	}
 	if errors.Is(err, registry.ErrNotFound) {
 		if _, version := registry.SplitRef(ref); version != "" {
 			return nil, invalid("template %q: no such template version", ref)
@@ -80,10 +86,6 @@ func (m *Manager) resolveTemplate(ctx context.Context, ref string) (*store.Templ
 // everything it was started from (template layers and any snapshot). The
 // new version becomes current; the sandbox keeps running.
 func (m *Manager) SaveTemplate(ctx context.Context, id, ref string) (*store.TemplateVersion, error) {
-	name, version, err := m.templates.CheckNew(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
 	ls, unlock, err := m.lockOp(id)
 	if err != nil {
 		return nil, err
@@ -93,11 +95,16 @@ func (m *Manager) SaveTemplate(ctx context.Context, id, ref string) (*store.Temp
 	if err != nil {
 		return nil, err
 	}
+	// The new template is private to the sandbox's team.
+	name, version, err := m.templates.CheckNew(ctx, ref, rec.Team)
+	if err != nil {
+		return nil, err
+	}
 	parentRef := rec.TemplateVersion
 	if parentRef == "" {
 		parentRef = rec.Template
 	}
-	parent, err := m.resolveTemplate(ctx, parentRef)
+	parent, err := m.resolveTemplate(ctx, parentRef, rec.Team)
 	if err != nil {
 		return nil, err
 	}
@@ -127,11 +134,11 @@ func (m *Manager) SaveTemplate(ctx context.Context, id, ref string) (*store.Temp
 	layers := append([]string{layer}, snapLayers...)
 	tv := &store.TemplateVersion{Name: name, Version: version, Digest: digest, Parent: parent.Ref(), Source: registry.SourceSandbox,
 		RootFS: parent.RootFS, Layers: append(layers, parent.Layers...), SizeBytes: parent.SizeBytes + size,
-		CreatedAt: time.Now().UTC(), Config: parent.Config}
+		CreatedAt: time.Now().UTC(), Config: parent.Config, Team: rec.Team}
 	if err := m.templates.Add(ctx, tv); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	m.audit(id, "template.saved", map[string]any{"template": tv.Ref(), "parent": tv.Parent, "bytes": size})
+	m.auditBy(ctx, id, "template.saved", map[string]any{"template": tv.Ref(), "parent": tv.Parent, "bytes": size})
 	return tv, nil
 }

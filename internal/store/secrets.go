@@ -211,7 +211,8 @@ func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 	}
 	defer stmt.Close()
 	type owner struct{ task, team string }
-	owners := map[string]owner{} // sandbox id -> its task and team, for this batch
+	owners := map[string]owner{}     // sandbox id -> its task and team, for this batch
+	taskTeams := map[string]string{} // task id -> its team, for this batch
 	for _, ev := range evs {
 		if ev.SandboxID != "" {
 			o, ok := owners[ev.SandboxID]
@@ -227,6 +228,20 @@ func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 			}
 			if o.team != "" {
 				ev.Team = o.team
+			}
+		} else if ev.TaskID != "" {
+			// A task's own event (budgets, breakers) belongs to the
+			// task's team.
+			team, ok := taskTeams[ev.TaskID]
+			if !ok {
+				err := tx.QueryRowContext(ctx, `SELECT team FROM tasks WHERE id=?`, ev.TaskID).Scan(&team)
+				if err != nil && !errors.Is(err, sql.ErrNoRows) {
+					return fmt.Errorf("append events: team of task %s: %w", ev.TaskID, err)
+				}
+				taskTeams[ev.TaskID] = team
+			}
+			if team != "" {
+				ev.Team = team
 			}
 		}
 		if ev.At.IsZero() {

@@ -65,18 +65,32 @@ func (s *Store) getSnapshot(ctx context.Context, id string, any bool) (*Snapshot
 	return sn, nil
 }
 
-// ListSnapshots returns snapshots, newest first; sandboxID and name filter
-// when not empty.
-func (s *Store) ListSnapshots(ctx context.Context, sandboxID, name string) ([]*Snapshot, error) {
+// SnapshotFilter selects snapshots; zero fields match everything.
+type SnapshotFilter struct {
+	// Team selects one team's snapshots ("" = every team's).
+	Team string
+	// SandboxID selects the snapshots taken of one sandbox.
+	SandboxID string
+	// Name selects snapshots of one name.
+	Name string
+}
+
+// ListSnapshots returns the snapshots f selects (not those marked
+// deleted), newest first.
+func (s *Store) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]*Snapshot, error) {
 	q := `SELECT ` + snapshotCols + ` FROM snapshots WHERE deleted=0`
 	var args []any
-	if sandboxID != "" {
-		q += ` AND sandbox_id=?`
-		args = append(args, sandboxID)
+	if f.Team != "" {
+		q += ` AND team=?`
+		args = append(args, f.Team)
 	}
-	if name != "" {
+	if f.SandboxID != "" {
+		q += ` AND sandbox_id=?`
+		args = append(args, f.SandboxID)
+	}
+	if f.Name != "" {
 		q += ` AND name=?`
-		args = append(args, name)
+		args = append(args, f.Name)
 	}
 	return queryAll(ctx, s.db, "list snapshots", q+` ORDER BY created_at DESC, id`, args, scanSnapshot)
 }

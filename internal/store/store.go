@@ -458,13 +458,24 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	return sb, nil
 }
 
-// ListSandboxes returns sandboxes in the given states (all if none),
-// newest first.
-func (s *Store) ListSandboxes(ctx context.Context, states ...string) ([]*Sandbox, error) {
-	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
+// SandboxFilter selects sandboxes; zero fields match everything.
+type SandboxFilter struct {
+	// Team selects one team's sandboxes ("" = every team's).
+	Team string
+	// States selects sandboxes in one of the states.
+	States []string
+}
+
+// ListSandboxes returns the sandboxes f selects, newest first.
+func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox, error) {
+	q := `SELECT ` + sandboxCols + ` FROM sandboxes WHERE 1=1`
 	var args []any
-	if len(states) > 0 && states[0] != "" {
-		q += ` WHERE state IN (?` + strings.Repeat(",?", len(states)-1) + `)`
+	if f.Team != "" {
+		q += ` AND team=?`
+		args = append(args, f.Team)
+	}
+	if states := f.States; len(states) > 0 && states[0] != "" {
+		q += ` AND state IN (?` + strings.Repeat(",?", len(states)-1) + `)`
 		for _, st := range states {
 			args = append(args, st)
 		}

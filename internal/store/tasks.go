@@ -121,12 +121,24 @@ func (s *Store) GetTask(ctx context.Context, id string) (*Task, error) {
 	return t, nil
 }
 
-// ListTasks returns tasks in the given states (all if none), newest first.
-func (s *Store) ListTasks(ctx context.Context, states ...string) ([]*Task, error) {
-	q := `SELECT ` + taskCols + ` FROM tasks`
+// TaskFilter selects tasks; zero fields match everything.
+type TaskFilter struct {
+	// Team selects one team's tasks ("" = every team's).
+	Team string
+	// States selects tasks in one of the states.
+	States []string
+}
+
+// ListTasks returns the tasks f selects, newest first.
+func (s *Store) ListTasks(ctx context.Context, f TaskFilter) ([]*Task, error) {
+	q := `SELECT ` + taskCols + ` FROM tasks WHERE 1=1`
 	var args []any
-	if len(states) > 0 {
-		q += ` WHERE state IN (?` + strings.Repeat(",?", len(states)-1) + `)`
+	if f.Team != "" {
+		q += ` AND team=?`
+		args = append(args, f.Team)
+	}
+	if states := f.States; len(states) > 0 {
+		q += ` AND state IN (?` + strings.Repeat(",?", len(states)-1) + `)`
 		for _, st := range states {
 			args = append(args, st)
 		}

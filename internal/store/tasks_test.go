@@ -49,7 +49,7 @@ func TestTasksRoundTrip(t *testing.T) {
 	if err != nil || len(ids) != 1 || ids[0] != "s1" {
 		t.Fatalf("task sandboxes %v %v", ids, err)
 	}
-	list, err := s.ListTasks(ctx, TaskOpen)
+	list, err := s.ListTasks(ctx, TaskFilter{States: []string{TaskOpen}})
 	if err != nil || len(list) != 0 {
 		t.Fatalf("open tasks %v %v", list, err)
 	}

@@ -164,3 +164,30 @@ func scanTemplate(sc scanner) (*TemplateVersion, error) {
 	t.CreatedAt = time.UnixMilli(created).UTC()
 	return &t, nil
 }
+
+// TemplateOwner returns the team that owns template name ("" when it is
+// published for every team) and whether any version of it exists. Every
+// version of a name has the same owner.
+func (s *Store) TemplateOwner(ctx context.Context, name string) (team string, exists bool, err error) {
+	err = s.db.QueryRowContext(ctx, `SELECT team FROM template_versions WHERE name=? ORDER BY created_at LIMIT 1`, name).Scan(&team)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("owner of template %s: %w", name, err)
+	}
+	return team, true, nil
+}
+
+// SetTemplateTeam gives every version of template name to team ("" =
+// published for every team).
+func (s *Store) SetTemplateTeam(ctx context.Context, name, team string) error {
+	r, err := s.db.ExecContext(ctx, `UPDATE template_versions SET team=? WHERE name=?`, team, name)
+	if err != nil {
+		return fmt.Errorf("set team of template %s: %w", name, err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}

@@ -137,6 +137,9 @@ type Event struct {
 
 // AuditQuery filters Audit; zero fields match everything.
 type AuditQuery struct {
+	// Team selects another team's events (admin keys only; "all" for
+	// every team's and the server's own). Empty: the key's own team.
+	Team string
 	// Task selects one task's events.
 	Task string
 	// Sandbox selects one sandbox's events.
@@ -155,6 +158,9 @@ type AuditQuery struct {
 // Audit returns audit log events in order (GET /v1/audit).
 func (c *Client) Audit(ctx context.Context, q AuditQuery) ([]Event, error) {
 	v := url.Values{}
+	if q.Team != "" {
+		v.Set("team", q.Team)
+	}
 	if q.Task != "" {
 		v.Set("task", q.Task)
 	}

@@ -38,7 +38,9 @@ func (r Resources) isZero() bool { return r == Resources{} }
 // for concurrent mutation, but Run, Start, Files and the other agent calls
 // may be used concurrently.
 type Sandbox struct {
-	ID       string
+	ID string
+	// Team is the team that owns the sandbox.
+	Team     string
 	Template string
 	Runtime  string
 	// State is StateRunning or StateEnded.
@@ -89,6 +91,7 @@ type MountedVolume struct {
 
 type sandboxWire struct {
 	ID             string            `json:"id"`
+	Team           string            `json:"team"`
 	Template       string            `json:"template"`
 	Runtime        string            `json:"runtime"`
 	State          string            `json:"state"`
@@ -140,7 +143,7 @@ func (s *Sandbox) UnmarshalJSON(b []byte) error {
 	}
 	client := s.client
 	*s = Sandbox{
-		ID: w.ID, Template: w.Template, Runtime: w.Runtime, State: w.State, Tier: w.Tier,
+		ID: w.ID, Team: w.Team, Template: w.Template, Runtime: w.Runtime, State: w.State, Tier: w.Tier,
 		Resources: w.Resources, CommandTimeout: secondsToDuration(w.CommandTimeout), Network: w.Network,
 		Allow: w.Allow, Secrets: w.Secrets, Warnings: w.Warnings,
 		Metadata: w.Metadata, CreatedAt: w.CreatedAt, ExpiresAt: w.ExpiresAt, EndedAt: w.EndedAt,

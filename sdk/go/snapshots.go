@@ -18,6 +18,8 @@ type SnapshotInfo struct {
 	Layers    int       `json:"layers"`
 	SizeBytes int64     `json:"size_bytes"`
 	CreatedAt time.Time `json:"created_at"`
+	// Team is the team that owns it.
+	Team string `json:"team"`
 }
 
 // Snapshot saves a sandbox's files as a snapshot (POST

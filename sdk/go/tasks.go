@@ -23,6 +23,8 @@ type Task struct {
 	Sandboxes []string   `json:"sandboxes"`
 	CreatedAt time.Time  `json:"created_at"`
 	EndedAt   *time.Time `json:"ended_at"`
+	// Team is the team that owns it.
+	Team string `json:"team"`
 }
 
 // TaskBudgets are a task's ceilings.

@@ -25,6 +25,8 @@ type TemplateInfo struct {
 	Current   bool            `json:"current"`
 	Config    json.RawMessage `json:"config"`
 	CreatedAt time.Time       `json:"created_at"`
+	// Team is the team that owns it ("" for a template published for every team).
+	Team string `json:"team"`
 }
 
 // TemplateSpec is a template build (docs/environments.md).

@@ -151,6 +151,21 @@ func (r *Registry) Resolve(ctx context.Context, ref string) (*store.TemplateVers
 	return tv, err
 }
 
+// Visible reports whether team may use template version tv: a
+// published one or one of its own.
+func Visible(tv *store.TemplateVersion, team string) bool {
+	return tv.Team == "" || tv.Team == team
+}
+
+// Publish makes every version of template name usable by every team.
+func (r *Registry) Publish(ctx context.Context, name string) error {
+	err := r.st.SetTemplateTeam(ctx, name, "")
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("template %q: %w", name, ErrNotFound)
+	}
+	return err
+}
+
 // RootFS returns the bottom root filesystem of ref (see Resolve).
 func (r *Registry) RootFS(ctx context.Context, ref string) (string, error) {
 	tv, err := r.Resolve(ctx, ref)
@@ -165,12 +180,22 @@ func (r *Registry) List(ctx context.Context, name string) ([]*store.TemplateVers
 	return r.st.ListTemplateVersions(ctx, name)
 }
 
-// CheckNew validates ref as the "name:version" of a new version and
-// refuses one that exists (versions are immutable).
-func (r *Registry) CheckNew(ctx context.Context, ref string) (name, version string, err error) {
+// CheckNew validates ref as the "name:version" of a new version for
+// team ("" = a published version) and refuses one that exists (versions
+// are immutable) or a name owned by someone else: template names are
+// server-wide, and every version of a name belongs to one team or is
+// published.
+func (r *Registry) CheckNew(ctx context.Context, ref, team string) (name, version string, err error) {
 	name, version = SplitRef(ref)
 	if !ValidName(name) || !ValidVersion(version) {
 		return "", "", invalid("give NAME:VERSION of [a-z0-9._-]")
+	}
+	owner, exists, err := r.st.TemplateOwner(ctx, name)
+	if err != nil {
+		return "", "", err
+	}
+	if exists && owner != team {
+		return "", "", &ConflictError{Msg: fmt.Sprintf("template name %q is taken; template names are server-wide, pick another", name)}
 	}
 	if _, err := r.st.GetTemplateVersion(ctx, name, version); err == nil {
 		return "", "", &ConflictError{Msg: fmt.Sprintf("template %s exists; templates are immutable, pick a new version", ref)}
@@ -315,8 +340,8 @@ func (r *Registry) PurgeUnusedImports(ctx context.Context) {
 // registry reference) as template version name:version and makes it
 // current. The image's env and working directory become the template's
 // defaults; an image without the user "user" runs commands as root.
-func (r *Registry) Import(ctx context.Context, ref string, src template.ImportSource, progress io.Writer) (*store.TemplateVersion, error) {
-	name, version, err := r.CheckNew(ctx, ref)
+func (r *Registry) Import(ctx context.Context, ref, team string, src template.ImportSource, progress io.Writer) (*store.TemplateVersion, error) {
+	name, version, err := r.CheckNew(ctx, ref, team)
 	if err != nil {
 		return nil, err
 	}
@@ -343,7 +368,7 @@ func (r *Registry) Import(ctx context.Context, ref string, src template.ImportSo
 	if b, err := inroot.ReadFile(filepath.Join(res.Dir, "rootfs"), "/etc/passwd", MaxPasswdBytes); err != nil || !strings.Contains("\n"+string(b), "\nuser:") {
 		cfg.User = "root"
 	}
-	tv := &store.TemplateVersion{Name: name, Version: version, Digest: res.Digest, Source: SourceImport,
+	tv := &store.TemplateVersion{Name: name, Version: version, Digest: res.Digest, Source: SourceImport, Team: team,
 		RootFS: filepath.Join(res.Dir, "rootfs"), SizeBytes: res.Size, BuildLog: filepath.Join(res.Dir, "build.log"),
 		CreatedAt: time.Now().UTC(), Config: cfg}
 	if err := r.Add(ctx, tv); err != nil {

@@ -221,27 +221,32 @@ func TestCheckNew(t *testing.T) {
 	tv, _ := r.Resolve(ctx, "base")
 	for _, c := range []struct {
 		ref  string
+		team string
 		want string // "", "invalid", "conflict"
 	}{
-		{"py:1", ""},
-		{"py", "invalid"},
-		{"py:", "invalid"},
-		{":1", "invalid"},
-		{"Py:1", "invalid"},
-		{"../x:1", "invalid"},
-		{"snap-x:1", "invalid"},
-		{"py:1/2", "invalid"},
-		{"py:" + strings.Repeat("v", 65), "invalid"},
-		{tv.Ref(), "conflict"},
+		{"py:1", "", ""},
+		{"py", "", "invalid"},
+		{"py:", "", "invalid"},
+		{":1", "", "invalid"},
+		{"Py:1", "", "invalid"},
+		{"../x:1", "", "invalid"},
+		{"snap-x:1", "", "invalid"},
+		{"py:1/2", "", "invalid"},
+		{"py:" + strings.Repeat("v", 65), "", "invalid"},
+		{tv.Ref(), "", "conflict"},
+		// The base is published: a team may not add a version of it,
+		// and a name is one team's (names are server-wide).
+		{"base:v2", "team-a", "conflict"},
+		{"base:v2", "", ""},
 	} {
-		_, _, err := r.CheckNew(ctx, c.ref)
+		_, _, err := r.CheckNew(ctx, c.ref, c.team)
 		var inv *InvalidError
 		var conflict *ConflictError
 		switch {
 		case c.want == "" && err != nil,
 			c.want == "invalid" && !errors.As(err, &inv),
 			c.want == "conflict" && !errors.As(err, &conflict):
-			t.Errorf("CheckNew(%q) = %v, want %s", c.ref, err, c.want)
+			t.Errorf("CheckNew(%q, team %q) = %v, want %s", c.ref, c.team, err, c.want)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(data, "template-versions")); !errors.Is(err, os.ErrNotExist) {

@@ -45,6 +45,10 @@ type Spec struct {
 	// Allow is what the build may reach besides the package mirrors
 	// (added when Packages is not empty).
 	Allow []string `json:"allow,omitempty"`
+	// Team owns the built template (private to it); "" publishes it for
+	// every team. It is set from the caller's key, never read from a
+	// request body.
+	Team string `json:"-"`
 }
 
 // SpecFile is a file copied into the template.
