@@ -318,3 +318,41 @@ func TestListsShowOwnTeam(t *testing.T) {
 		t.Errorf("sandbox.created recorded team %q key %q; want alpha and alpha's key id", ev.Team, ev.KeyID)
 	}
 }
+
+// TestEventsRecordTheCallersKey guards against an audit log that cannot
+// say who did it: the events a request causes (create, command, kill)
+// carry the id of the caller's key and its team.
+func TestEventsRecordTheCallersKey(t *testing.T) {
+	e := newTeamEnv(t)
+	var sb struct {
+		ID string `json:"id"`
+	}
+	if st := e.call("POST", "/v1/sandboxes", keyAlpha, map[string]any{}, &sb); st != 201 {
+		t.Fatalf("create: %d", st)
+	}
+	if st := e.call("POST", "/v1/sandboxes/"+sb.ID+"/exec", keyAlpha, map[string]any{"command": "true"}, nil); st != 200 {
+		t.Fatalf("exec: %d", st)
+	}
+	if st := e.call("DELETE", "/v1/sandboxes/"+sb.ID, keyAlpha, nil, nil); st != 200 {
+		t.Fatalf("kill: %d", st)
+	}
+	var evs struct {
+		Events []store.Event `json:"events"`
+	}
+	if st := e.call("GET", "/v1/audit?sandbox="+sb.ID, keyAlpha, nil, &evs); st != 200 {
+		t.Fatalf("audit: %d", st)
+	}
+	want := store.HashKey(keyAlpha)[:16]
+	seen := map[string]bool{}
+	for _, ev := range evs.Events {
+		seen[ev.Kind] = true
+		if ev.Team != "alpha" || ev.KeyID != want {
+			t.Errorf("%s event: team %q key %q; want alpha and %s", ev.Kind, ev.Team, ev.KeyID, want)
+		}
+	}
+	for _, k := range []string{"sandbox.created", "command", "sandbox.ended"} {
+		if !seen[k] {
+			t.Errorf("no %s event among %v", k, seen)
+		}
+	}
+}
