@@ -148,13 +148,17 @@ nothing. The new version becomes the template's current version.`,
 				return printJSON(list)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TEMPLATE\tCURRENT\tSOURCE\tLAYERS\tSIZE MB\tPARENT\tCREATED")
+			fmt.Fprintln(tw, "TEMPLATE\tCURRENT\tTEAM\tSOURCE\tLAYERS\tSIZE MB\tPARENT\tCREATED")
 			for _, t := range list {
 				cur := ""
 				if t.Current {
 					cur = "*"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", t.Ref, cur, t.Source, t.Layers, t.SizeBytes>>20, orDash(t.Parent), t.CreatedAt.Local().Format("2006-01-02 15:04"))
+				team := t.Team
+				if team == "" {
+					team = "(published)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", t.Ref, cur, team, t.Source, t.Layers, t.SizeBytes>>20, orDash(t.Parent), t.CreatedAt.Local().Format("2006-01-02 15:04"))
 			}
 			return tw.Flush()
 		}),
@@ -170,6 +174,19 @@ nothing. The new version becomes the template's current version.`,
 				return err
 			}
 			fmt.Println(t.Ref)
+			return nil
+		}),
+	}
+	publish := &cobra.Command{
+		Use:   "publish NAME",
+		Short: "Make a template usable by every team (admin key)",
+		Args:  argsRange(1, 1, "NAME"),
+		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
+			t, err := c.PublishTemplate(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Println(t.Name)
 			return nil
 		}),
 	}
@@ -259,5 +276,5 @@ nothing. The new version becomes the template's current version.`,
 	}
 	inspect.Flags().IntVar(&top, "top", 10, "largest files per layer")
 	inspect.Flags().BoolVar(&inspJSON, "json", false, "print JSON")
-	cmd.AddCommand(build, ls, use, rm, imp, pull, inspect)
+	cmd.AddCommand(build, ls, use, publish, rm, imp, pull, inspect)
 }

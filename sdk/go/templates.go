@@ -87,6 +87,16 @@ func (c *Client) UseTemplate(ctx context.Context, ref string) (*TemplateInfo, er
 	return &t, nil
 }
 
+// PublishTemplate makes every version of template name usable by every
+// team (admin keys only; a member key gets CodeForbidden).
+func (c *Client) PublishTemplate(ctx context.Context, name string) (*TemplateInfo, error) {
+	var t TemplateInfo
+	if err := c.do(ctx, "POST", "/v1/templates/"+url.PathEscape(name)+"/publish", nil, nil, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
 // DeleteTemplate removes an unused template version.
 func (c *Client) DeleteTemplate(ctx context.Context, ref string) error {
 	return c.do(ctx, "DELETE", "/v1/templates/"+url.PathEscape(ref), nil, nil, nil)
