@@ -89,6 +89,10 @@ func (s *Server) sandboxPort(w http.ResponseWriter, r *http.Request, id string, 
 			"message": "the ports of sandbox " + id + " are private: send its traffic access token in the " + TrafficTokenHeader + " header"})
 		return
 	}
+	if port == InterpreterPort && r.Method == http.MethodPost && r.URL.Path == "/execute" {
+		s.e2bExecute(w, r, id) // a code run: a tool call with brakes and audit
+		return
+	}
 	ctx := context.WithValue(r.Context(), portKey{}, portTarget{id: id, port: port})
 	r2 := r.Clone(ctx)
 	s.stripCredentials(r2, false)

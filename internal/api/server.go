@@ -7,6 +7,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -149,6 +150,11 @@ func (s *Server) routes() {
 	s.mux.Handle("PATCH /v1/tasks/{id}", s.auth(s.scoped(taskObject, s.changeTask)))
 	s.mux.Handle("DELETE /v1/tasks/{id}", s.auth(s.scoped(taskObject, s.endTask)))
 	s.mux.Handle("POST /v1/tasks/{id}/tokens", s.auth(s.scoped(taskObject, s.reportTokens)))
+	s.mux.Handle("POST /v1/sandboxes/{id}/code", s.auth(s.scoped(sandboxObject, s.streamed(s.runCode))))
+	s.mux.Handle("GET /v1/sandboxes/{id}/code/contexts", s.auth(s.scoped(sandboxObject, s.codeContexts)))
+	s.mux.Handle("POST /v1/sandboxes/{id}/code/contexts", s.auth(s.scoped(sandboxObject, s.codeContexts)))
+	s.mux.Handle("POST /v1/sandboxes/{id}/code/contexts/{ctx}/restart", s.auth(s.scoped(sandboxObject, s.codeContexts)))
+	s.mux.Handle("DELETE /v1/sandboxes/{id}/code/contexts/{ctx}", s.auth(s.scoped(sandboxObject, s.codeContexts)))
 	s.mux.Handle("/v1/sandboxes/{id}/agent/", s.auth(s.scoped(sandboxObject, s.streamed(s.agentRoute))))
 	s.e2bRoutes()
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -165,7 +171,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.S
 // signed /files URL; everything else goes to the routes.
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
-		s.e2bEnvd(w, r, id)
+		// With E2B_SANDBOX_URL the SDK names the port in a header: envd's
+		// (or none) for envd, another (the code interpreter's) for that
+		// port of the sandbox.
+		switch p := r.Header.Get("E2b-Sandbox-Port"); {
+		case p == "" || p == strconv.Itoa(EnvdPort):
+			s.e2bEnvd(w, r, id)
+		default:
+			port, err := strconv.Atoi(p)
+			if err != nil || port < 1 || port > 65535 {
+				e2bError(w, http.StatusBadRequest, "E2b-Sandbox-Port must be a port number")
+				return
+			}
+			s.sandboxPort(w, r, id, port)
+		}
 		return
 	}
 	if port, id, ok := e2bHost(r.Host); ok {

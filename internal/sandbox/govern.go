@@ -197,3 +197,20 @@ func (m *Manager) BrakeError(ctx context.Context, id string) error {
 	}
 	return m.cfg.Governor.Refusal(ctx, rec.TaskID)
 }
+
+// BeginToolCall admits one tool call that is not a command (a code run)
+// in running sandbox id: it counts against the sandbox's task's call
+// budget and goes to its loop detector like a command, or is refused
+// with a *govern.TripError. what describes the call for the loop
+// detector (the same text, the same call). The caller must End the
+// ticket (nil when the server keeps no tasks).
+func (m *Manager) BeginToolCall(ctx context.Context, id, what string) (*govern.CallTicket, error) {
+	if !m.Running(id) {
+		return nil, ErrNotFound
+	}
+	task := m.taskOf(id)
+	if m.cfg.Governor == nil || task == "" {
+		return nil, nil
+	}
+	return m.cfg.Governor.BeginCall(ctx, task, id, what)
+}
