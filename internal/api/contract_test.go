@@ -52,6 +52,8 @@ var wirePairs = []struct {
 	{"template import", new(importView), new(corral.ImportedTemplate)},
 	{"template layer", new(registry.LayerInspection), new(corral.TemplateLayer)},
 	{"volume", new(volumeView), new(corral.Volume)},
+	{"key", new(keyView), new(corral.KeyInfo)},
+	{"new key", new(newKeyView), new(corral.NewKey)},
 }
 
 // noSDKView lists the native API's views that have no exported SDK type,
@@ -153,7 +155,7 @@ func TestWireContractCoversEveryView(t *testing.T) {
 	// response object; listing them here by hand keeps the check honest
 	// without parsing the package's source.
 	views := []any{sandboxView{}, commandView{}, networkView{}, usageView{}, secretView{}, poolView{},
-		snapshotView{}, taskView{}, templateView{}, importView{}, volumeView{}, sampleView{}, forkView{}}
+		snapshotView{}, taskView{}, templateView{}, importView{}, volumeView{}, sampleView{}, forkView{}, keyView{}, newKeyView{}}
 	for _, v := range views {
 		typ := reflect.TypeOf(v)
 		if typ == reflect.TypeOf(usageView{}) {

@@ -102,7 +102,8 @@ func (s *Server) routes() {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	if s.cfg.Metrics != nil {
-		s.mux.Handle("GET /metrics", s.auth(s.cfg.Metrics.ServeHTTP))
+		// Every team's sandboxes and counters: admin only.
+		s.mux.Handle("GET /metrics", s.admin(s.cfg.Metrics.ServeHTTP))
 	}
 	s.mux.Handle("/volumecontent/", s.volumeContent())
 	s.mux.Handle("POST /v1/volumes", s.auth(s.createVolume))
@@ -133,6 +134,8 @@ func (s *Server) routes() {
 	s.mux.Handle("DELETE /v1/snapshots/{id}", s.auth(s.scoped(snapshotObject, s.deleteSnapshot)))
 	s.mux.Handle("GET /v1/templates", s.auth(s.listTemplates))
 	s.mux.Handle("POST /v1/templates/builds", s.auth(s.streamed(s.buildTemplate)))
+	// Reads a host directory (layout) or makes the host fetch from any
+	// registry address: admin only.
 	s.mux.Handle("POST /v1/templates/import", s.admin(s.streamed(s.importTemplate)))
 	s.mux.Handle("POST /v1/sandboxes/{id}/template", s.auth(s.scoped(sandboxObject, s.saveTemplate)))
 	s.mux.Handle("GET /v1/templates/{ref}/inspect", s.auth(s.templateScoped(false, s.inspectTemplate)))
@@ -150,6 +153,9 @@ func (s *Server) routes() {
 	s.mux.Handle("DELETE /v1/tasks/{id}", s.auth(s.scoped(taskObject, s.endTask)))
 	s.mux.Handle("POST /v1/tasks/{id}/tokens", s.auth(s.scoped(taskObject, s.reportTokens)))
 	s.mux.Handle("/v1/sandboxes/{id}/agent/", s.auth(s.scoped(sandboxObject, s.streamed(s.agentRoute))))
+	s.mux.Handle("POST /v1/keys", s.admin(s.createKey))
+	s.mux.Handle("GET /v1/keys", s.admin(s.listKeys))
+	s.mux.Handle("DELETE /v1/keys/{id}", s.admin(s.revokeKey))
 	s.e2bRoutes()
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path)

@@ -52,7 +52,7 @@ func TestAdminKeyRestartKeepsRevocation(t *testing.T) {
 	if _, _, err := st.CreateAPIKey(ctx, "ops", "ops", store.RoleAdmin); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.RevokeAPIKey(ctx, k.ID, time.Now()); err != nil {
+	if _, _, err := st.RevokeAPIKey(ctx, k.ID, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	st.Close()

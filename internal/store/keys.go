@@ -226,35 +226,37 @@ func (s *Store) ListAPIKeys(ctx context.Context, team string) ([]*APIKey, error)
 }
 
 // RevokeAPIKey revokes the key whose id is id at at and returns its
-// record. Revoking a revoked key changes nothing (its first revocation
-// time stays). An unknown id gives an error wrapping ErrNotFound; the
-// last unrevoked admin key gives ErrLastAdminKey and stays valid, so the
-// server always keeps an admin (the check and the revocation are one
-// statement: two concurrent revocations cannot both pass it).
-func (s *Store) RevokeAPIKey(ctx context.Context, id string, at time.Time) (*APIKey, error) {
+// record, and whether this call revoked it. Revoking a revoked key
+// changes nothing (its first revocation time stays). An unknown id gives
+// an error wrapping ErrNotFound; the last unrevoked admin key gives
+// ErrLastAdminKey and stays valid, so the server always keeps an admin
+// (the check and the revocation are one statement: two concurrent
+// revocations cannot both pass it).
+func (s *Store) RevokeAPIKey(ctx context.Context, id string, at time.Time) (*APIKey, bool, error) {
 	k, err := s.GetAPIKey(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if k.RevokedAt != nil {
-		return k, nil
+		return k, false, nil
 	}
 	r, err := s.db.ExecContext(ctx, `UPDATE api_keys SET revoked_at=? WHERE hash=? AND revoked_at IS NULL
 		AND (role<>? OR (SELECT count(*) FROM api_keys WHERE role=? AND revoked_at IS NULL) > 1)`,
 		ms(at), k.Hash, RoleAdmin, RoleAdmin)
 	if err != nil {
-		return nil, fmt.Errorf("revoke api key %s: %w", id, err)
+		return nil, false, fmt.Errorf("revoke api key %s: %w", id, err)
 	}
-	if n, _ := r.RowsAffected(); n == 0 {
-		if k, err = s.GetAPIKey(ctx, id); err != nil {
-			return nil, err
-		}
-		if k.RevokedAt == nil {
-			return nil, ErrLastAdminKey
-		}
-		return k, nil // revoked meanwhile
+	n, err := r.RowsAffected()
+	if err != nil {
+		return nil, false, fmt.Errorf("revoke api key %s: %w", id, err)
 	}
-	return s.GetAPIKey(ctx, id)
+	if k, err = s.GetAPIKey(ctx, id); err != nil {
+		return nil, false, err
+	}
+	if n == 0 && k.RevokedAt == nil {
+		return nil, false, ErrLastAdminKey
+	}
+	return k, n == 1, nil
 }
 
 // LookupAPIKey returns the stored, unrevoked key whose hash is
