@@ -436,6 +436,9 @@ var requestPairs = []struct {
 	{"template build", new(registry.Spec), func(ctx context.Context, c *corral.Client) {
 		c.BuildTemplate(ctx, *filled(new(corral.TemplateSpec)).(*corral.TemplateSpec), nil)
 	}},
+	{"key", new(keyRequest), func(ctx context.Context, c *corral.Client) {
+		c.CreateKey(ctx, *filled(new(corral.KeyRequest)).(*corral.KeyRequest))
+	}},
 }
 
 // requestAllow lists the request fields of the API that the SDK cannot

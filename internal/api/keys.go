@@ -33,6 +33,13 @@ type newKeyView struct {
 	CreatedAt string `json:"created_at"`
 }
 
+// keyRequest is the body of POST /v1/keys.
+type keyRequest struct {
+	Team string `json:"team"`
+	Role string `json:"role"`
+	Name string `json:"name"`
+}
+
 func keyOut(k *store.APIKey) keyView {
 	v := keyView{ID: k.ID, Team: k.Team, Role: k.Role, Name: k.Name, CreatedAt: ts(k.CreatedAt)}
 	if k.RevokedAt != nil {
@@ -47,11 +54,7 @@ func keyOut(k *store.APIKey) keyView {
 // defaults to member. The team need not exist: a team is the set of
 // records of its keys.
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Team string `json:"team"`
-		Role string `json:"role"`
-		Name string `json:"name"`
-	}
+	var req keyRequest
 	if !decodeJSON(w, r, &req) {
 		return
 	}
