@@ -391,7 +391,7 @@ func TestErrorCodesOneSource(t *testing.T) {
 	}
 	answered := []string{CodeInvalidJSON, CodeInvalidArgument, CodeUnauthenticated, CodeNotFound, CodeConflict,
 		CodeBodyTooLarge, CodeCapacityExceeded, CodeTooManyStreams, CodeInternal, CodeUnavailable, CodeAgentReply,
-		CodeEnvSecret, CodeNetworkUnavailable, CodeVolumesUnavailable,
+		CodeEnvSecret, CodeNetworkUnavailable, CodeVolumesUnavailable, CodeForbidden,
 		govern.CodeBudgetExhausted, govern.CodeLoopDetected, govern.CodeTaskEnded}
 	doc, err := os.ReadFile("../../docs/api.md")
 	if err != nil {
