@@ -177,6 +177,10 @@ func TestKeyLifecycleAPI(t *testing.T) {
 			t.Fatalf("the revoked key %s (%s) still authenticates: %d %s", k.ID, k.Role, code, body)
 		}
 	}
+	// The E2B routes check the same store: E2B's 401 shape.
+	if code, body := e.do("GET", "/v2/sandboxes", m.Key, ""); code != 401 || !bytes.Contains(body, []byte(`"code":401`)) {
+		t.Fatalf("the revoked key on an E2B route: %d %s; want E2B's 401", code, body)
+	}
 	code, body := e.do("DELETE", "/v1/keys/"+m.ID, testKey, "")
 	var again keyView
 	if code != 200 || json.Unmarshal(body, &again) != nil || again.RevokedAt == nil {
