@@ -221,7 +221,7 @@ func (s *Store) ListAPIKeys(ctx context.Context, team string) ([]*APIKey, error)
 		q += ` WHERE team=?`
 		args = append(args, team)
 	}
-	q += ` ORDER BY created_at, hash`
+	q += ` ORDER BY created_at, rowid` // rowid: creation order within a millisecond
 	return queryAll(ctx, s.db, "list api keys", q, args, scanKey)
 }
 
