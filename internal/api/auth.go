@@ -21,10 +21,10 @@ type Role string
 const (
 	// RoleAdmin may use every route, and may ask for other teams'
 	// records (?team=all, ?team=NAME).
-	RoleAdmin Role = "admin"
+	RoleAdmin Role = store.RoleAdmin
 	// RoleMember may use its own team's records only, and no
 	// server-wide route (keys, quotas, publishing templates).
-	RoleMember Role = "member"
+	RoleMember Role = store.RoleMember
 )
 
 // CredentialKind is the kind of credential an Identity was proven by.
@@ -47,8 +47,8 @@ type Identity struct {
 	// Team is the team the identity acts for: its key's team, or the
 	// team of the sandbox whose credential it holds.
 	Team string
-	// KeyID identifies an API key: the first 16 hex digits of its
-	// SHA-256 (store.HashKey), stable across restarts.
+	// KeyID identifies an API key: store.KeyID of its hash (the first
+	// 16 hex digits of its SHA-256), stable across restarts.
 	KeyID string
 	// KeyName is the API key's name ("admin").
 	KeyName string
@@ -67,9 +67,6 @@ func (id Identity) principal() string {
 	}
 	return "key:" + id.KeyID
 }
-
-// keyIDLen is how many hex digits of a key's hash make its KeyID.
-const keyIDLen = 16
 
 type identityKey struct{}
 
@@ -102,7 +99,8 @@ var errNoKey = errors.New("missing or invalid API key")
 // and by stripCredentials. It returns errNoKey for a missing, oversized
 // or unknown key and another error when the store cannot answer. It
 // defends against key guessing by timing: the key is never compared
-// byte by byte (see store.LookupAPIKey).
+// byte by byte (see store.LookupAPIKey); and against a revoked key
+// being accepted: nothing is cached, every request asks the store.
 func (s *Server) identify(ctx context.Context, key string) (Identity, error) {
 	if key == "" || len(key) > MaxAPIKeyLen {
 		return Identity{}, errNoKey
@@ -114,7 +112,7 @@ func (s *Server) identify(ctx context.Context, key string) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	return Identity{Kind: CredAPIKey, Team: k.Team, KeyID: k.Hash[:keyIDLen], KeyName: k.Name, Role: Role(k.Role)}, nil
+	return Identity{Kind: CredAPIKey, Team: k.Team, KeyID: k.ID, KeyName: k.Name, Role: Role(k.Role)}, nil
 }
 
 // routeFamily is how a family of routes answers a refused request: each

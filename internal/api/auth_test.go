@@ -49,7 +49,7 @@ func authServer(t *testing.T) (*Server, *store.Store) {
 // a refusal.
 func TestAuthenticate(t *testing.T) {
 	s, _ := authServer(t)
-	wantID := Identity{Kind: CredAPIKey, Team: store.DefaultTeam, KeyID: store.HashKey(testKey)[:keyIDLen], KeyName: "admin", Role: RoleAdmin}
+	wantID := Identity{Kind: CredAPIKey, Team: store.DefaultTeam, KeyID: store.KeyID(store.HashKey(testKey)), KeyName: "admin", Role: RoleAdmin}
 	cases := []struct {
 		name   string
 		header map[string]string

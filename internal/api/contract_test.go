@@ -52,6 +52,8 @@ var wirePairs = []struct {
 	{"template import", new(importView), new(corral.ImportedTemplate)},
 	{"template layer", new(registry.LayerInspection), new(corral.TemplateLayer)},
 	{"volume", new(volumeView), new(corral.Volume)},
+	{"key", new(keyView), new(corral.KeyInfo)},
+	{"new key", new(newKeyView), new(corral.NewKey)},
 }
 
 // noSDKView lists the native API's views that have no exported SDK type,
@@ -153,7 +155,7 @@ func TestWireContractCoversEveryView(t *testing.T) {
 	// response object; listing them here by hand keeps the check honest
 	// without parsing the package's source.
 	views := []any{sandboxView{}, commandView{}, networkView{}, usageView{}, secretView{}, poolView{},
-		snapshotView{}, taskView{}, templateView{}, importView{}, volumeView{}, sampleView{}, forkView{}}
+		snapshotView{}, taskView{}, templateView{}, importView{}, volumeView{}, sampleView{}, forkView{}, keyView{}, newKeyView{}}
 	for _, v := range views {
 		typ := reflect.TypeOf(v)
 		if typ == reflect.TypeOf(usageView{}) {
@@ -389,7 +391,7 @@ func TestErrorCodesOneSource(t *testing.T) {
 	}
 	answered := []string{CodeInvalidJSON, CodeInvalidArgument, CodeUnauthenticated, CodeNotFound, CodeConflict,
 		CodeBodyTooLarge, CodeCapacityExceeded, CodeTooManyStreams, CodeInternal, CodeUnavailable, CodeAgentReply,
-		CodeEnvSecret, CodeNetworkUnavailable, CodeVolumesUnavailable,
+		CodeEnvSecret, CodeNetworkUnavailable, CodeVolumesUnavailable, CodeForbidden,
 		govern.CodeBudgetExhausted, govern.CodeLoopDetected, govern.CodeTaskEnded}
 	doc, err := os.ReadFile("../../docs/api.md")
 	if err != nil {
@@ -433,6 +435,9 @@ var requestPairs = []struct {
 	}},
 	{"template build", new(registry.Spec), func(ctx context.Context, c *corral.Client) {
 		c.BuildTemplate(ctx, *filled(new(corral.TemplateSpec)).(*corral.TemplateSpec), nil)
+	}},
+	{"key", new(keyRequest), func(ctx context.Context, c *corral.Client) {
+		c.CreateKey(ctx, *filled(new(corral.KeyRequest)).(*corral.KeyRequest))
 	}},
 }
 

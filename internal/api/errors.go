@@ -89,6 +89,7 @@ func classify(err error) apiFailure {
 	var ginv *govern.InvalidError
 	var rinv *registry.InvalidError
 	var rconflict *registry.ConflictError
+	var kinv *store.InvalidKeyError
 	switch {
 	case errors.Is(err, errForbiddenTeam):
 		return apiFailure{status: http.StatusForbidden, code: CodeForbidden, msg: errForbiddenTeam.Error()}
@@ -108,6 +109,8 @@ func classify(err error) apiFailure {
 		return apiFailure{status: http.StatusBadRequest, code: CodeEnvSecret, msg: envSecret.Error()}
 	case errors.As(err, &conflict):
 		return apiFailure{status: http.StatusConflict, code: CodeConflict, msg: conflict.Msg}
+	case errors.As(err, &kinv):
+		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: kinv.Msg}
 	case errors.As(err, &rinv):
 		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: rinv.Msg}
 	case errors.As(err, &rconflict):

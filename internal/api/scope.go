@@ -20,7 +20,7 @@ var (
 
 // AllTeams is the ?team= value with which an admin key asks for every
 // team's records.
-const AllTeams = "all"
+const AllTeams = store.AllTeams
 
 // scope is which teams' records a request may see: its identity's team,
 // or — for an admin key that asks with ?team= — another team or every

@@ -103,7 +103,8 @@ func (s *Server) routes() {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	if s.cfg.Metrics != nil {
-		s.mux.Handle("GET /metrics", s.auth(s.cfg.Metrics.ServeHTTP))
+		// Every team's sandboxes and counters: admin only.
+		s.mux.Handle("GET /metrics", s.admin(s.cfg.Metrics.ServeHTTP))
 	}
 	s.mux.Handle("/volumecontent/", s.volumeContent())
 	s.mux.Handle("POST /v1/volumes", s.auth(s.createVolume))
@@ -134,6 +135,8 @@ func (s *Server) routes() {
 	s.mux.Handle("DELETE /v1/snapshots/{id}", s.auth(s.scoped(snapshotObject, s.deleteSnapshot)))
 	s.mux.Handle("GET /v1/templates", s.auth(s.listTemplates))
 	s.mux.Handle("POST /v1/templates/builds", s.auth(s.streamed(s.buildTemplate)))
+	// Reads a host directory (layout) or makes the host fetch from any
+	// registry address: admin only.
 	s.mux.Handle("POST /v1/templates/import", s.admin(s.streamed(s.importTemplate)))
 	s.mux.Handle("POST /v1/sandboxes/{id}/template", s.auth(s.scoped(sandboxObject, s.saveTemplate)))
 	s.mux.Handle("GET /v1/templates/{ref}/inspect", s.auth(s.templateScoped(false, s.inspectTemplate)))
@@ -156,6 +159,9 @@ func (s *Server) routes() {
 	s.mux.Handle("POST /v1/sandboxes/{id}/code/contexts/{ctx}/restart", s.auth(s.scoped(sandboxObject, s.codeContexts)))
 	s.mux.Handle("DELETE /v1/sandboxes/{id}/code/contexts/{ctx}", s.auth(s.scoped(sandboxObject, s.codeContexts)))
 	s.mux.Handle("/v1/sandboxes/{id}/agent/", s.auth(s.scoped(sandboxObject, s.streamed(s.agentRoute))))
+	s.mux.Handle("POST /v1/keys", s.admin(s.createKey))
+	s.mux.Handle("GET /v1/keys", s.admin(s.listKeys))
+	s.mux.Handle("DELETE /v1/keys/{id}", s.admin(s.revokeKey))
 	s.e2bRoutes()
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path)

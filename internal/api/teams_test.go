@@ -314,7 +314,7 @@ func TestListsShowOwnTeam(t *testing.T) {
 	if st := e.call("GET", "/v1/audit?sandbox="+o.sandbox+"&kind=sandbox.created", keyAlpha, nil, &evs); st != 200 || len(evs.Events) != 1 {
 		t.Fatalf("alpha's sandbox.created events: %d %d", st, len(evs.Events))
 	}
-	if ev := evs.Events[0]; ev.Team != "alpha" || ev.KeyID != store.HashKey(keyAlpha)[:16] {
+	if ev := evs.Events[0]; ev.Team != "alpha" || ev.KeyID != store.KeyID(store.HashKey(keyAlpha)) {
 		t.Errorf("sandbox.created recorded team %q key %q; want alpha and alpha's key id", ev.Team, ev.KeyID)
 	}
 }

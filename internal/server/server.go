@@ -29,7 +29,6 @@ import (
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/gateway"
 	"github.com/corralhq/corral/internal/govern"
-	"github.com/corralhq/corral/internal/idgen"
 	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/metrics"
 	"github.com/corralhq/corral/internal/netns"
@@ -351,10 +350,13 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	key, err := ensureAdminKey(ctx, st, filepath.Join(cfg.DataDir, "admin.key"))
+	key, revoked, err := ensureAdminKey(ctx, st, filepath.Join(cfg.DataDir, "admin.key"))
 	if err != nil {
 		st.Close()
 		return nil, err
+	}
+	if revoked {
+		cfg.Log.Warn("DATA/admin.key holds a revoked key: it authenticates nothing (use another admin key, or remove the file and restart to make a new one)", "key_id", store.KeyID(store.HashKey(key)))
 	}
 	// Every secret value is redacted from the log and the audit log.
 	red := &egress.Redactor{}
@@ -664,33 +666,41 @@ func Run(ctx context.Context, cfg Config) error {
 	return err
 }
 
-// ensureAdminKey reads DIR/admin.key or creates it (mode 0600), and makes
-// sure the store accepts it. Keys have E2B's shape: e2b_ + 40 hex.
-func ensureAdminKey(ctx context.Context, st *store.Store, path string) (string, error) {
+// ensureAdminKey reads DIR/admin.key or creates it (mode 0600) with a
+// new key (store.NewKeyValue: E2B's shape, e2b_ + 40 hex), and adds it to
+// the store as an admin key of team default unless it is stored already.
+// A stored key is never changed: a revoked admin key stays revoked
+// across restarts (it defends against a restart reviving a revoked key).
+// It returns the key and whether it is revoked.
+func ensureAdminKey(ctx context.Context, st *store.Store, path string) (string, bool, error) {
 	b, err := os.ReadFile(path)
 	key := strings.TrimSpace(string(b))
 	if errors.Is(err, os.ErrNotExist) || key == "" {
-		key = "e2b_" + idgen.Hex(20)
+		key = store.NewKeyValue()
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 		if err != nil {
-			return "", fmt.Errorf("write admin key: %w", err)
+			return "", false, fmt.Errorf("write admin key: %w", err)
 		}
 		if _, err := f.WriteString(key + "\n"); err != nil {
 			f.Close()
-			return "", fmt.Errorf("write admin key: %w", err)
+			return "", false, fmt.Errorf("write admin key: %w", err)
 		}
 		if err := f.Sync(); err != nil {
 			f.Close()
-			return "", err
+			return "", false, err
 		}
 		f.Close()
 	} else if err != nil {
-		return "", fmt.Errorf("read admin key: %w", err)
+		return "", false, fmt.Errorf("read admin key: %w", err)
 	}
-	if err := st.AddAPIKey(ctx, "admin", key, store.DefaultTeam, "admin"); err != nil {
-		return "", err
+	if err := st.AddAPIKey(ctx, "admin", key, store.DefaultTeam, store.RoleAdmin); err != nil {
+		return "", false, err
 	}
-	return key, nil
+	k, err := st.GetAPIKey(ctx, store.KeyID(store.HashKey(key)))
+	if err != nil {
+		return "", false, fmt.Errorf("admin key: %w", err)
+	}
+	return key, k.RevokedAt != nil, nil
 }
 
 // ensureBase makes sure the registry has a current base version whose

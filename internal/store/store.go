@@ -6,10 +6,7 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -610,64 +607,6 @@ func (s *Store) ListCommands(ctx context.Context, sandboxID string) ([]*Command,
 		out = append(out, &c)
 	}
 	return out, rows.Err()
-}
-
-// HashKey returns the stored form of an API key.
-func HashKey(key string) string {
-	h := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(h[:])
-}
-
-// AddAPIKey stores the hash of key, as a key of team with role.
-func (s *Store) AddAPIKey(ctx context.Context, name, key, team, role string) error {
-	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO api_keys (hash, name, created_at, team, role) VALUES (?,?,?,?,?)`,
-		HashKey(key), name, ms(time.Now()), teamOr(team), role)
-	if err != nil {
-		return fmt.Errorf("add api key: %w", err)
-	}
-	return nil
-}
-
-// APIKey is a stored API key: never the key itself, only its hash.
-type APIKey struct {
-	// Hash is HashKey of the key (hex SHA-256).
-	Hash string
-	// Name names the key ("admin" for the data dir's admin.key).
-	Name string
-	// Team is the team the key acts for.
-	Team string
-	// Role is "admin" or "member".
-	Role      string
-	CreatedAt time.Time
-	// RevokedAt is when the key was revoked; a revoked key authenticates
-	// nothing.
-	RevokedAt *time.Time
-}
-
-// LookupAPIKey returns the stored, unrevoked key whose hash is
-// HashKey(key), or an error wrapping ErrNotFound. The row is found by the
-// key's SHA-256 (an index lookup whose timing can reveal at most a prefix
-// of a hash, not of the key), then the stored hash is compared with the
-// computed one in constant time, so a timing side channel tells a caller
-// nothing about a key it does not hold.
-func (s *Store) LookupAPIKey(ctx context.Context, key string) (*APIKey, error) {
-	want := HashKey(key)
-	var k APIKey
-	var created int64
-	var revoked sql.NullInt64
-	err := s.db.QueryRowContext(ctx, `SELECT hash, name, team, role, created_at, revoked_at FROM api_keys WHERE hash=?`, want).
-		Scan(&k.Hash, &k.Name, &k.Team, &k.Role, &created, &revoked)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("api key: %w", ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("look up api key: %w", err)
-	}
-	if subtle.ConstantTimeCompare([]byte(k.Hash), []byte(want)) != 1 || revoked.Valid {
-		return nil, fmt.Errorf("api key: %w", ErrNotFound)
-	}
-	k.CreatedAt = time.UnixMilli(created).UTC()
-	return &k, nil
 }
 
 // scanner is a *sql.Row or *sql.Rows.
