@@ -22,10 +22,10 @@ import (
 )
 
 // InterpreterPort is the port of the code-interpreter server inside a
-// sandbox (E2B's code-interpreter port; docs/interpreter.md).
+// sandbox (E2B's code-interpreter port; docs/api.md, "Code runs").
 const InterpreterPort = 49999
 
-// Limits of a code run relayed by the control plane (docs/interpreter.md).
+// Limits of a code run relayed by the control plane (docs/api.md, "Code runs").
 const (
 	// MaxCodeRequest bounds the body of a run request (the code and its
 	// env vars).
@@ -79,7 +79,7 @@ type codeRun struct {
 }
 
 // errNoInterpreter: nothing listens on the interpreter port.
-var errNoInterpreter = errors.New("no code interpreter listens in the sandbox: create it from the code-interpreter template (docs/interpreter.md)")
+var errNoInterpreter = errors.New("no code interpreter listens in the sandbox: create it from the code-interpreter template (docs/api.md, "Code runs")")
 
 // upstreamError is a non-200 answer of the interpreter, relayed as it
 // came (a 404 for an unknown context, a 400 for a bad language).
