@@ -79,7 +79,7 @@ type codeRun struct {
 }
 
 // errNoInterpreter: nothing listens on the interpreter port.
-var errNoInterpreter = errors.New("no code interpreter listens in the sandbox: create it from the code-interpreter template (docs/api.md, "Code runs")")
+var errNoInterpreter = errors.New("no code interpreter listens in the sandbox: create it from the code-interpreter template (docs/api.md, Code runs)")
 
 // upstreamError is a non-200 answer of the interpreter, relayed as it
 // came (a 404 for an unknown context, a 400 for a bad language).
