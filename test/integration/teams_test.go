@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -18,15 +19,17 @@ import (
 	corral "github.com/corralhq/corral/sdk/go"
 )
 
-// teamKey makes a member key of team through the server's store (the
-// in-process server of the suite) and returns it.
+// teamKey makes a member key of team with `corral key create` (the
+// suite's admin key) and returns it; the key is revoked at the end.
 func teamKey(t *testing.T, team string) string {
 	t.Helper()
-	key := "e2b_" + idgen.Hex(20)
-	if err := env.srv.Store.AddAPIKey(context.Background(), "test-"+team, key, team, "member"); err != nil {
-		t.Fatal(err)
+	out, errOut, code := corralCLI(t, "", "key", "create", "--team", team, "--role", "member", "--name", "test-"+team, "--json")
+	var k struct{ Key, ID string }
+	if code != 0 || json.Unmarshal([]byte(out), &k) != nil || !strings.HasPrefix(k.Key, "e2b_") || len(k.Key) != 44 {
+		t.Fatalf("corral key create: exit %d %q %q", code, out, errOut)
 	}
-	return key
+	t.Cleanup(func() { corralCLI(t, "", "key", "revoke", k.ID) })
+	return k.Key
 }
 
 // corralCLIAs is corralCLI with another API key.
@@ -154,5 +157,22 @@ func TestTeamsEndToEnd(t *testing.T) {
 	}
 	if other, err := beta.Audit(ctx, corral.AuditQuery{Sandbox: sb.ID}); err != nil || len(other) != 0 {
 		t.Errorf("beta reads %d events of alpha's sandbox (%v)", len(other), err)
+	}
+
+	// Revoked: beta's next request fails, alpha's keeps working.
+	keys, err := corral.New(env.url, env.key).ListKeys(ctx, "beta")
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("beta's keys: %v %v", keys, err)
+	}
+	for _, k := range keys {
+		if _, errOut, code := corralCLI(t, "", "key", "revoke", k.ID); code != 0 {
+			t.Fatalf("corral key revoke %s: exit %d %s", k.ID, code, errOut)
+		}
+	}
+	if _, err := beta.List(ctx, corral.ListOptions{}); !corral.IsUnauthenticated(err) {
+		t.Errorf("a revoked key's next request: %v; want unauthenticated", err)
+	}
+	if _, err := alpha.Get(ctx, sb.ID); err != nil {
+		t.Errorf("alpha after beta's revocation: %v", err)
 	}
 }
