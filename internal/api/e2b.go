@@ -117,8 +117,11 @@ type e2bLifecycle struct {
 }
 
 type e2bNetworkOut struct {
-	AllowOut []string `json:"allowOut"`
-	DenyOut  []string `json:"denyOut"`
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
+	// AllowPublicTraffic is false for a sandbox with private ports
+	// (omitted otherwise: E2B's default is public).
+	AllowPublicTraffic *bool `json:"allowPublicTraffic,omitempty"`
 }
 
 func e2bSandboxOf(sb *store.Sandbox) e2bSandbox {
@@ -141,6 +144,12 @@ func e2bDetailOf(sb *store.Sandbox, withToken bool) e2bDetail {
 	}
 	if sb.Network == "allow" {
 		d.Network = &e2bNetworkOut{AllowOut: sb.Egress.Allow, DenyOut: []string{"0.0.0.0/0"}}
+	}
+	if sb.TrafficToken != "" {
+		if d.Network == nil {
+			d.Network = &e2bNetworkOut{}
+		}
+		d.Network.AllowPublicTraffic = new(bool)
 	}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}

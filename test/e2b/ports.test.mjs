@@ -76,6 +76,7 @@ test('allowPublicTraffic false: ports need the traffic access token', T, async (
   const sbx = await newSandbox(t, { network: { allowPublicTraffic: false } })
   assert.equal(typeof sbx.trafficAccessToken, 'string')
   assert.ok(sbx.trafficAccessToken.length > 0)
+  assert.equal((await sbx.getInfo()).network?.allowPublicTraffic, false, 'getInfo reports private ports')
   await sbx.files.write('/home/user/www/index.html', 'private hello')
   await sbx.commands.run('cd /home/user/www && python3 -m http.server 8000', { background: true, timeoutMs: 0 })
   const host = sbx.getHost(8000)
@@ -94,4 +95,5 @@ test('allowPublicTraffic false: ports need the traffic access token', T, async (
   // A public sandbox (the SDK's default) has no token and needs none.
   const pub = await newSandbox(t)
   assert.equal(pub.trafficAccessToken, undefined)
+  assert.notEqual((await pub.getInfo()).network?.allowPublicTraffic, false)
 })
