@@ -53,7 +53,8 @@ func (s *Server) e2bCreateVolume(w http.ResponseWriter, r *http.Request) {
 	if !e2bBody(w, r, &req) {
 		return
 	}
-	v, err := s.vols.Create(r.Context(), req.Name, 0)
+	id, _ := identityFrom(r.Context())
+	v, err := s.vols.Create(r.Context(), id.Team, req.Name, 0)
 	if err != nil {
 		s.e2bVolumeErr(w, r, err)
 		return
@@ -62,7 +63,7 @@ func (s *Server) e2bCreateVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) e2bListVolumes(w http.ResponseWriter, r *http.Request) {
-	vs, err := s.vols.List(r.Context())
+	vs, err := s.vols.List(r.Context(), scopeFrom(r.Context()).filter())
 	if err != nil {
 		s.e2bVolumeErr(w, r, err)
 		return
@@ -75,7 +76,7 @@ func (s *Server) e2bListVolumes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) e2bGetVolume(w http.ResponseWriter, r *http.Request) {
-	v, err := s.vols.Get(r.Context(), r.PathValue("id"))
+	v, err := s.vols.Get(r.Context(), scopeFrom(r.Context()).filter(), r.PathValue("id"))
 	if err != nil {
 		s.e2bVolumeErr(w, r, err)
 		return
@@ -84,7 +85,7 @@ func (s *Server) e2bGetVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) e2bDeleteVolume(w http.ResponseWriter, r *http.Request) {
-	if err := s.vols.Delete(r.Context(), r.PathValue("id")); err != nil {
+	if err := s.vols.Delete(r.Context(), scopeFrom(r.Context()).filter(), r.PathValue("id")); err != nil {
 		s.e2bVolumeErr(w, r, err)
 		return
 	}

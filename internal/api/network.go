@@ -66,6 +66,8 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
 
 // secretView is what the API says about a secret: never its value.
 type secretView struct {
+	// Team owns the secret; only its sandboxes may use it.
+	Team      string   `json:"team"`
 	Name      string   `json:"name"`
 	Hosts     []string `json:"hosts"`
 	Header    string   `json:"header"`
@@ -81,8 +83,13 @@ const (
 	maxSecretHeader = 128
 )
 
+// putSecret creates or replaces a secret of the caller's own team. A
+// secret of that name in another team is neither touched nor mentioned:
+// names are per team.
 func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
+	id, _ := identityFrom(r.Context())
+	team := id.Team
 	var req struct {
 		Hosts  []string `json:"hosts"`
 		Header string   `json:"header"`
@@ -103,26 +110,39 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.cfg.Redactor != nil {
-		if err := s.cfg.Redactor.Add(name, req.Value); err != nil {
+		if err := s.cfg.Redactor.AddFor(team, name, req.Value); err != nil {
 			writeError(w, http.StatusBadRequest, CodeInvalidArgument, "secret value: "+err.Error())
 			return
 		}
 	}
-	sec := &store.Secret{Name: name, Hosts: req.Hosts, Header: req.Header, Value: req.Value, AllowHTTP: req.AllowHTTP}
+	sec := &store.Secret{Team: team, Name: name, Hosts: req.Hosts, Header: req.Header, Value: req.Value, AllowHTTP: req.AllowHTTP}
 	if err := s.store.PutSecret(r.Context(), sec); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
-	s.mgr.RefreshSecrets(r.Context(), name)
+	s.mgr.RefreshSecrets(r.Context(), team, name)
 	if s.cfg.Audit != nil {
-		s.cfg.Audit.Record("", "secret.set", map[string]any{"name": name, "hosts": req.Hosts, "header": req.Header, "allow_http": req.AllowHTTP})
+		s.cfg.Audit.RecordBy(r.Context(), "", "secret.set", map[string]any{"name": name, "hosts": req.Hosts, "header": req.Header, "allow_http": req.AllowHTTP})
 	}
-	got, err := s.store.GetSecret(r.Context(), name)
+	got, err := s.store.GetSecret(r.Context(), team, name)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, secretOut(got))
+}
+
+// oneTeam is the one team a route that names a record by its per-team
+// name (a secret, a pool) acts on: the request's scope. An admin's
+// ?team=all names no one team, so it is refused (400 invalid_argument)
+// rather than guessed; what is the caller's to fix is said.
+func oneTeam(w http.ResponseWriter, r *http.Request, what string) (string, bool) {
+	team := scopeFrom(r.Context()).filter()
+	if team == "" {
+		writeError(w, http.StatusBadRequest, CodeInvalidArgument, what+" names are per team: name one team with ?team=TEAM, not ?team="+AllTeams)
+		return "", false
+	}
+	return team, true
 }
 
 // checkSecret validates a secret's fields; "" means valid.
@@ -152,11 +172,11 @@ func secretOut(sec *store.Secret) secretView {
 	if hosts == nil {
 		hosts = []string{}
 	}
-	return secretView{Name: sec.Name, Hosts: hosts, Header: sec.Header, AllowHTTP: sec.AllowHTTP, CreatedAt: ts(sec.CreatedAt), UpdatedAt: ts(sec.UpdatedAt)}
+	return secretView{Team: sec.Team, Name: sec.Name, Hosts: hosts, Header: sec.Header, AllowHTTP: sec.AllowHTTP, CreatedAt: ts(sec.CreatedAt), UpdatedAt: ts(sec.UpdatedAt)}
 }
 
 func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
-	list, err := s.store.ListSecrets(r.Context())
+	list, err := s.store.ListSecrets(r.Context(), scopeFrom(r.Context()).filter())
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -168,9 +188,16 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"secrets": out})
 }
 
+// deleteSecret deletes a secret of the request's scope: the caller's
+// team, or the one team an admin names with ?team=. Another team's secret
+// answers exactly as a missing one.
 func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	err := s.store.DeleteSecret(r.Context(), name)
+	team, ok := oneTeam(w, r, "secret")
+	if !ok {
+		return
+	}
+	err := s.store.DeleteSecret(r.Context(), team, name)
 	if errors.Is(err, store.ErrNotFound) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "secret not found")
 		return
@@ -181,9 +208,9 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	}
 	// The redactor keeps the value: it may still appear in logs of
 	// requests made before the delete.
-	s.mgr.RefreshSecrets(r.Context(), name)
+	s.mgr.RefreshSecrets(r.Context(), team, name)
 	if s.cfg.Audit != nil {
-		s.cfg.Audit.Record("", "secret.deleted", map[string]any{"name": name})
+		s.cfg.Audit.RecordBy(r.Context(), "", "secret.deleted", map[string]any{"name": name, "team": team})
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -9,6 +9,8 @@ import (
 
 // poolView is a warm pool as the API reports it.
 type poolView struct {
+	// Team owns the pool: its idle sandboxes serve that team's creates.
+	Team         string  `json:"team"`
 	Template     string  `json:"template"`
 	Min          int     `json:"min"`
 	Max          int     `json:"max"`
@@ -24,19 +26,25 @@ type poolView struct {
 }
 
 func poolOut(p sandbox.PoolStats) poolView {
-	return poolView{Template: p.Template, Min: p.Min, Max: p.Max, MaxIdleS: int64(p.MaxIdle / time.Second), Idle: p.Idle,
+	return poolView{Team: p.Team, Template: p.Template, Min: p.Min, Max: p.Max, MaxIdleS: int64(p.MaxIdle / time.Second), Idle: p.Idle,
 		Target: p.Target, Hits: p.Hits, Misses: p.Misses, Refills: p.Refills, RefillMSAvg: p.RefillMSAvg,
 		LastRefillMS: p.LastRefillMS, Evicted: p.Evicted}
 }
 
+// listPools lists the pools of the request's scope.
 func (s *Server) listPools(w http.ResponseWriter, r *http.Request) {
+	sc := scopeFrom(r.Context())
 	out := []poolView{}
 	for _, p := range s.mgr.Pools() {
-		out = append(out, poolOut(p))
+		if sc.sees(p.Team) {
+			out = append(out, poolOut(p))
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"pools": out})
 }
 
+// setPool creates or changes the caller's own team's pool of a
+// template; another team's pool of it is untouched.
 func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Min      int   `json:"min"`
@@ -46,7 +54,8 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	st, err := s.mgr.SetPool(r.Context(), sandbox.PoolConfig{Template: r.PathValue("template"), Min: req.Min, Max: req.Max,
+	id, _ := identityFrom(r.Context())
+	st, err := s.mgr.SetPool(r.Context(), sandbox.PoolConfig{Team: id.Team, Template: r.PathValue("template"), Min: req.Min, Max: req.Max,
 		MaxIdle: time.Duration(req.MaxIdleS) * time.Second})
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -55,8 +64,16 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, poolOut(st))
 }
 
+// deletePool removes the pool of a template of the request's scope (the
+// caller's team, or the one an admin names with ?team=). Removing a pool
+// that the team does not have answers as removing one it has, whether or
+// not another team has one.
 func (s *Server) deletePool(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.mgr.SetPool(r.Context(), sandbox.PoolConfig{Template: r.PathValue("template")}); err != nil {
+	team, ok := oneTeam(w, r, "pool")
+	if !ok {
+		return
+	}
+	if _, err := s.mgr.SetPool(r.Context(), sandbox.PoolConfig{Team: team, Template: r.PathValue("template")}); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}

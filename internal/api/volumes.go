@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/corralhq/corral/internal/actor"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/volume"
 	"github.com/corralhq/corral/internal/volumecontent"
@@ -13,7 +14,9 @@ import (
 
 // volumeView is a volume in the native API.
 type volumeView struct {
-	ID        string `json:"id"`
+	ID string `json:"id"`
+	// Team owns the volume.
+	Team      string `json:"team"`
 	Name      string `json:"name"`
 	SizeMB    int64  `json:"size_mb"`
 	UsedBytes *int64 `json:"used_bytes,omitempty"`
@@ -23,7 +26,7 @@ type volumeView struct {
 }
 
 func (s *Server) volumeView(v *store.Volume) volumeView {
-	out := volumeView{ID: v.ID, Name: v.Name, SizeMB: v.SizeMB, Token: v.Token, CreatedAt: v.CreatedAt.Format(time.RFC3339Nano)}
+	out := volumeView{ID: v.ID, Team: v.Team, Name: v.Name, SizeMB: v.SizeMB, Token: v.Token, CreatedAt: v.CreatedAt.Format(time.RFC3339Nano)}
 	if used, _, err := s.vols.Usage(v); err == nil {
 		out.UsedBytes = &used
 	}
@@ -38,7 +41,8 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	v, err := s.vols.Create(r.Context(), req.Name, req.SizeMB)
+	id, _ := identityFrom(r.Context())
+	v, err := s.vols.Create(r.Context(), id.Team, req.Name, req.SizeMB)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -47,7 +51,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
-	vs, err := s.vols.List(r.Context())
+	vs, err := s.vols.List(r.Context(), scopeFrom(r.Context()).filter())
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -60,7 +64,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
-	v, err := s.vols.Get(r.Context(), r.PathValue("ref"))
+	v, err := s.vols.Get(r.Context(), scopeFrom(r.Context()).filter(), r.PathValue("ref"))
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -69,7 +73,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
-	if err := s.vols.Delete(r.Context(), r.PathValue("ref")); err != nil {
+	if err := s.vols.Delete(r.Context(), scopeFrom(r.Context()).filter(), r.PathValue("ref")); err != nil {
 		s.writeErr(w, r, err)
 		return
 	}
@@ -77,10 +81,14 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 // volumeContent serves E2B's volume content API (/volumecontent/{id}/...)
-// with each volume's bearer token; file writes and deletions are audited.
+// with each volume's bearer token; file writes and deletions are audited
+// as events of the volume's team. The token is the volume's own: the
+// lookup is by the id in the path (any team's, never a name), and the
+// token must be that volume's, so a token of one team's volume reaches no
+// other volume.
 func (s *Server) volumeContent() http.Handler {
 	return volumecontent.New(func(ctx context.Context, id, token string) (string, error) {
-		v, err := s.vols.Get(ctx, id)
+		v, err := s.vols.Get(ctx, "", id)
 		if errors.Is(err, volume.ErrNotFound) || err == nil && v.ID != id {
 			return "", volumecontent.ErrNotFound
 		}
@@ -94,14 +102,24 @@ func (s *Server) volumeContent() http.Handler {
 	}, volumecontent.Options{
 		HostBase: int(s.mgr.IDBase()),
 		OnWrite: func(id, path string, size int64) {
-			if s.cfg.Audit != nil {
-				s.cfg.Audit.Record("", "volume.file_write", map[string]any{"volume": id, "path": path, "bytes": size})
-			}
+			s.recordVolumeContent(id, "volume.file_write", map[string]any{"volume": id, "path": path, "bytes": size})
 		},
 		OnDelete: func(id, path string) {
-			if s.cfg.Audit != nil {
-				s.cfg.Audit.Record("", "volume.file_delete", map[string]any{"volume": id, "path": path})
-			}
+			s.recordVolumeContent(id, "volume.file_delete", map[string]any{"volume": id, "path": path})
 		},
 	})
+}
+
+// recordVolumeContent records an event of the volume content API as an
+// event of volume id's team (the caller holds the volume's token, no API
+// key).
+func (s *Server) recordVolumeContent(id, kind string, data map[string]any) {
+	if s.cfg.Audit == nil {
+		return
+	}
+	ctx := context.Background()
+	if v, err := s.vols.Get(ctx, "", id); err == nil {
+		ctx = actor.With(ctx, actor.Actor{Team: v.Team})
+	}
+	s.cfg.Audit.RecordBy(ctx, "", kind, data)
 }

@@ -32,9 +32,14 @@ const MinSecretLen = 8
 // A Redactor is safe for concurrent use. The zero value is ready to use.
 type Redactor struct {
 	mu      sync.RWMutex
-	secrets map[string]string // name -> value
-	pats    []pattern         // longest first
+	secrets map[secretKey]string // (owner, name) -> value
+	pats    []pattern            // longest first
 }
+
+// secretKey names a registered secret: its owner (a team, "" for none)
+// and its name. Names are per owner, so two teams' secrets of one name
+// are two entries and one never displaces the other's value.
+type secretKey struct{ owner, name string }
 
 type pattern struct {
 	text string
@@ -101,12 +106,21 @@ func validSecretName(n string) bool {
 	return true
 }
 
-// Add registers (or replaces) the secret called name. Names are 1-64
-// characters of letters, digits, '_', '-' and '.'. Values shorter than
-// [MinSecretLen] bytes are refused, as are values that could be mistaken for
-// a redaction marker (a value that is part of "[REDACTED:<name>]" for some
-// registered name), since redaction could not then remove them.
-func (r *Redactor) Add(name, value string) error {
+// Add registers (or replaces) the ownerless secret called name: AddFor
+// with owner "".
+func (r *Redactor) Add(name, value string) error { return r.AddFor("", name, value) }
+
+// AddFor registers (or replaces) owner's secret called name (owner is
+// the secret's team). Every registered value is redacted from every
+// text, whoever owns it; the owner only keeps two teams' secrets of one
+// name apart, so that a team registering a name another team uses
+// cannot take that team's value out of the redaction (threat-model.md
+// #20). Names are 1-64 characters of letters, digits, '_', '-' and '.'.
+// Values shorter than [MinSecretLen] bytes are refused, as are values
+// that could be mistaken for a redaction marker (a value that is part of
+// "[REDACTED:<name>]" for some registered name), since redaction could
+// not then remove them; the refusal names no other secret.
+func (r *Redactor) AddFor(owner, name, value string) error {
 	if !validSecretName(name) {
 		return fmt.Errorf("egress: secret name %q: want 1-64 characters of letters, digits, '_', '-', '.'", name)
 	}
@@ -115,19 +129,19 @@ func (r *Redactor) Add(name, value string) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	next := make(map[string]string, len(r.secrets)+1)
+	next := make(map[secretKey]string, len(r.secrets)+1)
 	for k, v := range r.secrets {
 		next[k] = v
 	}
-	next[name] = value
+	next[secretKey{owner, name}] = value
 	// Every form of every value must be absent from every marker, or a
 	// redacted text would still contain it.
-	for n := range next {
-		m := marker(n)
-		for sn, sv := range next {
+	for k := range next {
+		m := marker(k.name)
+		for _, sv := range next {
 			for _, f := range forms(sv) {
 				if strings.Contains(m, f) {
-					return fmt.Errorf("egress: secret %q: value collides with the redaction marker %s", sn, m)
+					return fmt.Errorf("egress: secret %q: its name or value collides with the redaction marker of a registered secret", name)
 				}
 			}
 		}
@@ -137,17 +151,18 @@ func (r *Redactor) Add(name, value string) error {
 	return nil
 }
 
-// Remove forgets the secret called name. Removing an unknown name does
-// nothing.
+// Remove forgets the ownerless secret called name. Removing an unknown
+// name does nothing.
 func (r *Redactor) Remove(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.secrets[name]; !ok {
+	key := secretKey{"", name}
+	if _, ok := r.secrets[key]; !ok {
 		return
 	}
-	next := make(map[string]string, len(r.secrets))
+	next := make(map[secretKey]string, len(r.secrets))
 	for k, v := range r.secrets {
-		if k != name {
+		if k != key {
 			next[k] = v
 		}
 	}
@@ -158,9 +173,9 @@ func (r *Redactor) Remove(name string) {
 // rebuild recomputes the pattern list; r.mu is held for writing.
 func (r *Redactor) rebuild() {
 	var pats []pattern
-	for n, v := range r.secrets {
+	for k, v := range r.secrets {
 		for _, f := range forms(v) {
-			pats = append(pats, pattern{text: f, name: n})
+			pats = append(pats, pattern{text: f, name: k.name})
 		}
 	}
 	sort.Slice(pats, func(i, j int) bool {

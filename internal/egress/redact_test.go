@@ -206,3 +206,29 @@ func FuzzRedact(f *testing.F) {
 		}
 	})
 }
+
+// TestRedactorKeepsEachOwnersValue: secret names are per team, so two
+// teams may each register a secret called "github". The second must not
+// replace the first's value in the redactor: team B registering a name
+// team A uses would otherwise take A's value out of the redaction, and
+// A's credential would reach the logs and the audit log in clear.
+func TestRedactorKeepsEachOwnersValue(t *testing.T) {
+	var r Redactor
+	a, b := "team-a-secret-value-0123", "team-b-secret-value-4567"
+	if err := r.AddFor("team-a", "github", a); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.AddFor("team-b", "github", b); err != nil {
+		t.Fatal(err)
+	}
+	got := r.Redact("a=" + a + " b=" + b)
+	if strings.Contains(got, a) || strings.Contains(got, b) {
+		t.Fatalf("Redact = %q: a value of one of the two teams' secrets called github is not redacted", got)
+	}
+	if err := r.AddFor("team-b", "github", "team-b-rotated-value-89"); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Redact(a); strings.Contains(got, a) {
+		t.Fatalf("after team B rotated its secret, team A's value is in clear: %q", got)
+	}
+}

@@ -45,6 +45,9 @@ var outcomeField = map[string]string{
 
 // Pool is the state of one warm pool at scrape time.
 type Pool struct {
+	// Team and Template name the pool: two teams may each pool one
+	// template.
+	Team             string
 	Template         string
 	Idle, Target     int
 	Hits, Misses     int64
@@ -188,12 +191,12 @@ type gauges struct{ cfg Config }
 
 var (
 	sandboxesDesc = prometheus.NewDesc("corral_sandboxes", "Recorded sandboxes by state.", []string{"state"}, nil)
-	poolIdleDesc  = prometheus.NewDesc("corral_pool_idle", "Idle sandboxes in a warm pool.", []string{"template"}, nil)
-	poolTgtDesc   = prometheus.NewDesc("corral_pool_target", "The size a warm pool refills to.", []string{"template"}, nil)
-	poolHitsDesc  = prometheus.NewDesc("corral_pool_hits_total", "Creates served from a warm pool.", []string{"template"}, nil)
-	poolMissDesc  = prometheus.NewDesc("corral_pool_misses_total", "Creates for a pooled template that found the pool empty.", []string{"template"}, nil)
-	poolRefDesc   = prometheus.NewDesc("corral_pool_refills_total", "Sandboxes started to refill a warm pool.", []string{"template"}, nil)
-	poolRefAvg    = prometheus.NewDesc("corral_pool_refill_seconds_avg", "Average time to start one pooled sandbox.", []string{"template"}, nil)
+	poolIdleDesc  = prometheus.NewDesc("corral_pool_idle", "Idle sandboxes in a warm pool.", []string{"team", "template"}, nil)
+	poolTgtDesc   = prometheus.NewDesc("corral_pool_target", "The size a warm pool refills to.", []string{"team", "template"}, nil)
+	poolHitsDesc  = prometheus.NewDesc("corral_pool_hits_total", "Creates served from a warm pool.", []string{"team", "template"}, nil)
+	poolMissDesc  = prometheus.NewDesc("corral_pool_misses_total", "Creates for a pooled template that found the pool empty.", []string{"team", "template"}, nil)
+	poolRefDesc   = prometheus.NewDesc("corral_pool_refills_total", "Sandboxes started to refill a warm pool.", []string{"team", "template"}, nil)
+	poolRefAvg    = prometheus.NewDesc("corral_pool_refill_seconds_avg", "Average time to start one pooled sandbox.", []string{"team", "template"}, nil)
 	admRunDesc    = prometheus.NewDesc("corral_admission_running", "Sandboxes admitted (running, paused or starting).", nil, nil)
 	admWaitDesc   = prometheus.NewDesc("corral_admission_waiting", "Creates waiting in the admission queue.", nil, nil)
 	volCountDesc  = prometheus.NewDesc("corral_volumes", "Volumes on this server.", nil, nil)
@@ -222,12 +225,12 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	}
 	if f := g.cfg.Pools; f != nil {
 		for _, p := range f() {
-			ch <- prometheus.MustNewConstMetric(poolIdleDesc, prometheus.GaugeValue, float64(p.Idle), p.Template)
-			ch <- prometheus.MustNewConstMetric(poolTgtDesc, prometheus.GaugeValue, float64(p.Target), p.Template)
-			ch <- prometheus.MustNewConstMetric(poolHitsDesc, prometheus.CounterValue, float64(p.Hits), p.Template)
-			ch <- prometheus.MustNewConstMetric(poolMissDesc, prometheus.CounterValue, float64(p.Misses), p.Template)
-			ch <- prometheus.MustNewConstMetric(poolRefDesc, prometheus.CounterValue, float64(p.Refills), p.Template)
-			ch <- prometheus.MustNewConstMetric(poolRefAvg, prometheus.GaugeValue, p.RefillSecondsAvg, p.Template)
+			ch <- prometheus.MustNewConstMetric(poolIdleDesc, prometheus.GaugeValue, float64(p.Idle), p.Team, p.Template)
+			ch <- prometheus.MustNewConstMetric(poolTgtDesc, prometheus.GaugeValue, float64(p.Target), p.Team, p.Template)
+			ch <- prometheus.MustNewConstMetric(poolHitsDesc, prometheus.CounterValue, float64(p.Hits), p.Team, p.Template)
+			ch <- prometheus.MustNewConstMetric(poolMissDesc, prometheus.CounterValue, float64(p.Misses), p.Team, p.Template)
+			ch <- prometheus.MustNewConstMetric(poolRefDesc, prometheus.CounterValue, float64(p.Refills), p.Team, p.Template)
+			ch <- prometheus.MustNewConstMetric(poolRefAvg, prometheus.GaugeValue, p.RefillSecondsAvg, p.Team, p.Template)
 		}
 	}
 	if f := g.cfg.Volumes; f != nil {

@@ -129,16 +129,20 @@ func TestGaugesAndHandler(t *testing.T) {
 		{"all", Config{
 			Sandboxes: func(context.Context) (map[string]int, error) { return map[string]int{"running": 3, "paused": 1}, nil },
 			Pools: func() []Pool {
-				return []Pool{{Template: "base", Idle: 2, Target: 3, Hits: 7, Misses: 1, Refills: 9, RefillSecondsAvg: 0.115}}
+				// Two teams pool one template: a pool is (team, template),
+				// and two series with the same labels would fail the scrape.
+				return []Pool{{Team: "default", Template: "base", Idle: 2, Target: 3, Hits: 7, Misses: 1, Refills: 9, RefillSecondsAvg: 0.115},
+					{Team: "team-b", Template: "base", Idle: 1, Target: 1}}
 			},
 			Admission: func() (int, int) { return 4, 2 },
 			Volumes:   func(context.Context) (int, int64, int64, error) { return 2, 1 << 20, 32 << 20, nil },
 		}, []string{
 			`corral_volumes 2`, `corral_volume_used_bytes 1.048576e+06`, `corral_volume_size_bytes 3.3554432e+07`,
 			`corral_sandboxes{state="running"} 3`, `corral_sandboxes{state="paused"} 1`,
-			`corral_pool_idle{template="base"} 2`, `corral_pool_target{template="base"} 3`,
-			`corral_pool_hits_total{template="base"} 7`, `corral_pool_misses_total{template="base"} 1`,
-			`corral_pool_refills_total{template="base"} 9`, `corral_pool_refill_seconds_avg{template="base"} 0.115`,
+			`corral_pool_idle{team="default",template="base"} 2`, `corral_pool_target{team="default",template="base"} 3`,
+			`corral_pool_hits_total{team="default",template="base"} 7`, `corral_pool_misses_total{team="default",template="base"} 1`,
+			`corral_pool_refills_total{team="default",template="base"} 9`, `corral_pool_refill_seconds_avg{team="default",template="base"} 0.115`,
+			`corral_pool_idle{team="team-b",template="base"} 1`,
 			`corral_admission_running 4`, `corral_admission_waiting 2`, `go_goroutines `, `process_open_fds `,
 		}, []string{"corral_scrape_error"}},
 		{"store error", Config{

@@ -1,6 +1,7 @@
-// Package pool keeps the warm pools: per template, idle sandboxes started
+// Package pool keeps the warm pools: per team and template, idle sandboxes started
 // ahead of time with the template's defaults (tier light, runc, no
-// network), each handed to exactly one create and never reused. The pools
+// network), each handed to exactly one create of that team and never
+// reused. The pools
 // start and stop sandboxes through a Starter (the sandbox manager); they
 // own no lifecycle of their own.
 package pool
@@ -33,8 +34,11 @@ const (
 	MemoryFloor = 0.10
 )
 
-// Config is the warm pool of one template.
+// Config is one team's warm pool of one template.
 type Config struct {
+	// Team owns the pool: only its creates take the pool's sandboxes,
+	// which start as that team's ("" is store.DefaultTeam).
+	Team     string        `json:"team"`
 	Template string        `json:"template"`
 	Min      int           `json:"min"`      // idle sandboxes kept ready
 	Max      int           `json:"max"`      // idle sandboxes at most (the target grows to it on misses)
@@ -69,10 +73,11 @@ type Idle struct {
 
 // Starter is what the pools need of the sandbox manager.
 type Starter interface {
-	// StartIdle starts a sandbox of template with the template's
-	// defaults and no record. It calls claim with the sandbox's id before
-	// the runtime starts it, so that the reaper leaves it alone.
-	StartIdle(template string, claim func(id string)) (*Idle, error)
+	// StartIdle starts a sandbox of team's template with the
+	// template's defaults and no record. It calls claim with the
+	// sandbox's id before the runtime starts it, so that the reaper
+	// leaves it alone.
+	StartIdle(team, template string, claim func(id string)) (*Idle, error)
 	// StopIdle stops a pooled sandbox (total stop, nothing recorded).
 	StopIdle(id string)
 	// Alive reports whether a pooled sandbox still runs.
@@ -82,10 +87,14 @@ type Starter interface {
 	Room() int
 }
 
-// auditRecorder records pool events in the audit log.
+// auditRecorder records pool events in the audit log (*audit.Log), with
+// the team and key id of the request that caused them.
 type auditRecorder interface {
-	Record(sandbox, kind string, data any)
+	RecordBy(ctx context.Context, sandbox, kind string, data any)
 }
+
+// key names one pool: a team's pool of a template.
+type key struct{ team, template string }
 
 type pool struct {
 	cfg     Config
@@ -105,7 +114,7 @@ type Pools struct {
 
 	// mu guards byName, ids and every pool's fields.
 	mu     sync.Mutex
-	byName map[string]*pool
+	byName map[key]*pool
 	// ids are the sandboxes the pools own (idle or starting), which the
 	// reaper must leave alone.
 	ids map[string]bool
@@ -124,13 +133,20 @@ func New(s Starter, st *store.Store, audit auditRecorder, pressure func() bool, 
 		log = slog.Default()
 	}
 	return &Pools{starter: s, st: st, audit: audit, log: log, pressure: pressure,
-		byName: map[string]*pool{}, ids: map[string]bool{}}
+		byName: map[key]*pool{}, ids: map[string]bool{}}
 }
 
-func (ps *Pools) record(kind string, data any) {
+func (ps *Pools) record(ctx context.Context, kind string, data any) {
 	if ps.audit != nil {
-		ps.audit.Record("", kind, data)
+		ps.audit.RecordBy(ctx, "", kind, data)
 	}
+}
+
+func teamOr(team string) string {
+	if team == "" {
+		return store.DefaultTeam
+	}
+	return team
 }
 
 // Owns reports whether id is a sandbox a pool owns.
@@ -140,9 +156,11 @@ func (ps *Pools) Owns(id string) bool {
 	return ps.ids[id]
 }
 
-// Set creates or changes the pool of c.Template (min 0 and max 0 removes
-// it, stopping its idle sandboxes). The caller has checked the template.
+// Set creates or changes c.Team's pool of c.Template (min 0 and max 0
+// removes it, stopping its idle sandboxes); another team's pool of the
+// template is untouched. The caller has checked the template.
 func (ps *Pools) Set(ctx context.Context, c Config) (Stats, error) {
+	c.Team = teamOr(c.Team)
 	if c.Max == 0 {
 		c.Max = c.Min
 	}
@@ -155,14 +173,15 @@ func (ps *Pools) Set(ctx context.Context, c Config) (Stats, error) {
 	if c.MaxIdle < time.Minute || c.MaxIdle > 24*time.Hour {
 		return Stats{}, &InvalidError{Msg: "max idle age must be between 1m and 24h"}
 	}
-	if err := ps.st.PutPool(ctx, c.Template, c.Min, c.Max, int64(c.MaxIdle/time.Second)); err != nil {
+	if err := ps.st.PutPool(ctx, store.Pool{Team: c.Team, Template: c.Template, Min: c.Min, Max: c.Max, MaxIdleS: int64(c.MaxIdle / time.Second)}); err != nil {
 		return Stats{}, err
 	}
+	k := key{c.Team, c.Template}
 	ps.mu.Lock()
-	p := ps.byName[c.Template]
+	p := ps.byName[k]
 	if p == nil {
 		p = &pool{}
-		ps.byName[c.Template] = p
+		ps.byName[k] = p
 	}
 	p.cfg = c
 	p.target = max(c.Min, min(p.target, c.Max))
@@ -173,18 +192,19 @@ func (ps *Pools) Set(ctx context.Context, c Config) (Stats, error) {
 	}
 	st := p.statsLocked()
 	if c.Max == 0 {
-		delete(ps.byName, c.Template)
+		delete(ps.byName, k)
 	}
 	ps.mu.Unlock()
 	for _, d := range drop {
 		ps.Discard(d)
 	}
-	ps.record("pool.set", map[string]any{"template": c.Template, "min": c.Min, "max": c.Max, "max_idle_s": int64(c.MaxIdle / time.Second)})
+	ps.record(ctx, "pool.set", map[string]any{"template": c.Template, "min": c.Min, "max": c.Max, "max_idle_s": int64(c.MaxIdle / time.Second)})
 	go ps.Refill()
 	return st, nil
 }
 
-// List returns every pool's configuration and counters.
+// List returns every team's pools' configuration and counters, by team
+// and template.
 func (ps *Pools) List() []Stats {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
@@ -192,7 +212,12 @@ func (ps *Pools) List() []Stats {
 	for _, p := range ps.byName {
 		out = append(out, p.statsLocked())
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Template < out[j].Template })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Team != out[j].Team {
+			return out[i].Team < out[j].Team
+		}
+		return out[i].Template < out[j].Template
+	})
 	return out
 }
 
@@ -211,21 +236,22 @@ func (ps *Pools) Load(ctx context.Context) {
 	}
 	ps.mu.Lock()
 	for _, c := range list {
-		ps.byName[c.Template] = &pool{cfg: Config{Template: c.Template, Min: c.Min, Max: c.Max,
+		ps.byName[key{teamOr(c.Team), c.Template}] = &pool{cfg: Config{Team: teamOr(c.Team), Template: c.Template, Min: c.Min, Max: c.Max,
 			MaxIdle: time.Duration(c.MaxIdleS) * time.Second}, target: c.Min}
 	}
 	ps.mu.Unlock()
 }
 
-// Take hands out an idle pooled sandbox of template, if any, that runs
-// version (the template's current version; older ones are dropped). On a
-// miss the pool's target grows (up to its max). The sandbox stays owned
-// (Owns) until the create has made it live (Release) or given it up
-// (Discard).
-func (ps *Pools) Take(template, version string) *Idle {
+// Take hands out an idle sandbox of team's pool of template, if any,
+// that runs version (the template's current version; older ones are
+// dropped). Only team's own pool serves it: a sandbox started for one
+// team is never handed to another. On a miss the pool's target grows (up
+// to its max). The sandbox stays owned (Owns) until the create has made
+// it live (Release) or given it up (Discard).
+func (ps *Pools) Take(team, template, version string) *Idle {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	p := ps.byName[template]
+	p := ps.byName[key{teamOr(team), template}]
 	if p == nil {
 		return nil
 	}
@@ -336,7 +362,7 @@ func (ps *Pools) Refill() {
 	if pressure && len(stale) > 0 {
 		// Recorded first, so that whoever sees the sandboxes gone finds why.
 		ps.log.Warn("memory pressure: pools emptied", "stopped", len(stale))
-		ps.record("pool.emptied", map[string]any{"reason": "memory_pressure", "stopped": len(stale)})
+		ps.record(context.Background(), "pool.emptied", map[string]any{"reason": "memory_pressure", "stopped": len(stale)})
 	}
 	for _, pd := range stale {
 		ps.Discard(pd)
@@ -345,14 +371,14 @@ func (ps *Pools) Refill() {
 		for i := 0; i < j.n && ps.Free() > 1; i++ {
 			ps.mu.Lock()
 			j.p.filling++
-			tmpl := j.p.cfg.Template
+			k := key{j.p.cfg.Team, j.p.cfg.Template}
 			ps.mu.Unlock()
 			t0 := time.Now()
-			pd, err := ps.start(tmpl)
+			pd, err := ps.start(k)
 			ps.mu.Lock()
 			j.p.filling--
 			if err == nil {
-				if ps.byName[tmpl] == j.p && len(j.p.idle) < j.p.cfg.Max {
+				if ps.byName[k] == j.p && len(j.p.idle) < j.p.cfg.Max {
 					j.p.idle = append(j.p.idle, pd)
 					ms := float64(time.Since(t0).Microseconds()) / 1000
 					j.p.stats.Refills++
@@ -363,7 +389,7 @@ func (ps *Pools) Refill() {
 			}
 			ps.mu.Unlock()
 			if err != nil {
-				ps.log.Error("refill pool", "template", tmpl, "err", err)
+				ps.log.Error("refill pool", "team", k.team, "template", k.template, "err", err)
 				break
 			}
 			if pd != nil { // the pool went away meanwhile
@@ -373,11 +399,11 @@ func (ps *Pools) Refill() {
 	}
 }
 
-// start starts one pooled sandbox of template, owned from before the
-// runtime starts it.
-func (ps *Pools) start(template string) (*Idle, error) {
+// start starts one sandbox of pool k, owned from before the runtime
+// starts it.
+func (ps *Pools) start(k key) (*Idle, error) {
 	var id string
-	pd, err := ps.starter.StartIdle(template, func(claimed string) {
+	pd, err := ps.starter.StartIdle(k.team, k.template, func(claimed string) {
 		id = claimed
 		ps.mu.Lock()
 		ps.ids[claimed] = true

@@ -23,10 +23,12 @@ type fakeStarter struct {
 	// runtime started it (the reaper must never see a pooled sandbox
 	// that no one owns).
 	owned map[string]bool
-	ps    *Pools
+	// team records, per started id, the team it was started for.
+	team map[string]string
+	ps   *Pools
 }
 
-func (f *fakeStarter) StartIdle(template string, claim func(string)) (*Idle, error) {
+func (f *fakeStarter) StartIdle(team, template string, claim func(string)) (*Idle, error) {
 	f.mu.Lock()
 	f.n++
 	id := fmt.Sprintf("sb%d", f.n)
@@ -35,7 +37,7 @@ func (f *fakeStarter) StartIdle(template string, claim func(string)) (*Idle, err
 	claim(id)
 	owned := f.ps.Owns(id)
 	f.mu.Lock()
-	f.running[id], f.owned[id] = v, owned
+	f.running[id], f.owned[id], f.team[id] = v, owned, team
 	f.mu.Unlock()
 	return &Idle{ID: id, Token: "tok-" + id, Version: v, Started: time.Now()}, nil
 }
@@ -83,7 +85,7 @@ type events struct {
 	kinds []string
 }
 
-func (e *events) Record(_, kind string, _ any) {
+func (e *events) RecordBy(_ context.Context, _, kind string, _ any) {
 	e.mu.Lock()
 	e.kinds = append(e.kinds, kind)
 	e.mu.Unlock()
@@ -107,7 +109,7 @@ func newTestPools(t *testing.T, room int, pressure *atomic.Bool) (*Pools, *fakeS
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	f := &fakeStarter{running: map[string]string{}, owned: map[string]bool{}, version: "base:v1", room: room}
+	f := &fakeStarter{running: map[string]string{}, owned: map[string]bool{}, team: map[string]string{}, version: "base:v1", room: room}
 	ev := &events{}
 	ps := New(f, st, ev, pressure.Load, nil)
 	f.ps = ps
@@ -159,12 +161,12 @@ func TestPoolsLifecycle(t *testing.T) {
 	f.mu.Lock()
 	f.version = "base:v2"
 	f.mu.Unlock()
-	if pd := ps.Take("base", "base:v2"); pd != nil {
+	if pd := ps.Take("", "base", "base:v2"); pd != nil {
 		t.Fatalf("took %+v of version %s, want a miss", pd, pd.Version)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for f.runningOf("base:v1") != 0 && time.Now().Before(deadline) {
-		ps.Take("base", "base:v2") // drops v1 sandboxes a late refill added
+		ps.Take("", "base", "base:v2") // drops v1 sandboxes a late refill added
 		ps.Refill()
 		time.Sleep(5 * time.Millisecond) // stale ones are discarded in the background
 	}
@@ -172,7 +174,7 @@ func TestPoolsLifecycle(t *testing.T) {
 		t.Fatalf("%d stale pooled sandboxes still run", n)
 	}
 	waitIdle(t, ps, -1) // the misses grew the target past the min
-	pd := ps.Take("base", "base:v2")
+	pd := ps.Take("", "base", "base:v2")
 	if pd == nil || !ps.Owns(pd.ID) {
 		t.Fatalf("take: %+v (owned %v), want a sandbox still owned until released", pd, pd != nil && ps.Owns(pd.ID))
 	}
@@ -236,5 +238,58 @@ func TestPoolsRefuseBadSizes(t *testing.T) {
 	ps.Load(context.Background())
 	if l := ps.List(); len(l) != 0 {
 		t.Fatalf("pools recorded by refused sets: %+v", l)
+	}
+}
+
+// TestPoolsArePerTeam: a warm pool belongs to one team. Team A's create
+// must never be handed a sandbox started for team B's pool of the same
+// template (it would run as B's, with B's template, and B's pool would
+// pay for A), removing B's pool must leave A's alone, and both survive a
+// restart (Load) with their teams.
+func TestPoolsArePerTeam(t *testing.T) {
+	var pressure atomic.Bool
+	ps, f, _ := newTestPools(t, 10, &pressure)
+	ctx := context.Background()
+	if _, err := ps.Set(ctx, Config{Team: "team-b", Template: "base", Min: 2, Max: 2}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ps.List()[0].Idle != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("team B's pool did not fill: %+v", ps.List())
+		}
+		ps.Refill()
+		time.Sleep(5 * time.Millisecond)
+	}
+	if pd := ps.Take("team-a", "base", "base:v1"); pd != nil {
+		t.Fatalf("team A took %s, a sandbox of team B's pool (started for %q)", pd.ID, f.team[pd.ID])
+	}
+	if pd := ps.Take("", "base", "base:v1"); pd != nil {
+		t.Fatalf("the default team took %s of team B's pool", pd.ID)
+	}
+	pd := ps.Take("team-b", "base", "base:v1")
+	if pd == nil {
+		t.Fatal("team B's take missed its own full pool")
+	}
+	f.mu.Lock()
+	started := f.team[pd.ID]
+	f.mu.Unlock()
+	if started != "team-b" {
+		t.Fatalf("team B's take = %+v started for %q, want one started for team-b", pd, started)
+	}
+	ps.Release(pd.ID)
+	if _, err := ps.Set(ctx, Config{Team: "team-a", Template: "base", Min: 1, Max: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ps.Set(ctx, Config{Team: "team-a", Template: "base"}); err != nil { // A removes its pool
+		t.Fatal(err)
+	}
+	if l := ps.List(); len(l) != 1 || l[0].Team != "team-b" || l[0].Min != 2 {
+		t.Fatalf("pools after team A removed its own: %+v, want team B's untouched", l)
+	}
+	again := New(f, ps.st, nil, pressure.Load, nil)
+	again.Load(ctx)
+	if l := again.List(); len(l) != 1 || l[0].Team != "team-b" || l[0].Template != "base" {
+		t.Fatalf("pools loaded from the store: %+v, want team B's", l)
 	}
 }

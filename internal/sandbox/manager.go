@@ -293,7 +293,7 @@ func (m *Manager) validate(ctx context.Context, req *CreateRequest) (*store.Sand
 	if len(req.Secrets) > 0 && pol.Mode == egress.ModeNone {
 		return nil, rc, nil, invalid("secrets need a network policy (allow or all-public)")
 	}
-	secrets, err := m.resolveSecrets(ctx, req.Secrets)
+	secrets, err := m.resolveSecrets(ctx, rec.Team, req.Secrets)
 	if err != nil {
 		return nil, rc, nil, err
 	}
@@ -313,7 +313,7 @@ func (m *Manager) validate(ctx context.Context, req *CreateRequest) (*store.Sand
 		rec.Egress.Allow = slices.Clone(req.Allow)
 	}
 	rec.Egress.Secrets = slices.Clone(req.Secrets)
-	if rec.Volumes, rc.Volumes, err = m.resolveVolumes(ctx, rc.Runtime, req.Volumes); err != nil {
+	if rec.Volumes, rc.Volumes, err = m.resolveVolumes(ctx, rec.Team, rc.Runtime, req.Volumes); err != nil {
 		return nil, rc, nil, err
 	}
 	return rec, rc, &netPlan{policy: pol, secrets: secrets}, nil
@@ -492,7 +492,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	// A warm pool may already run a sandbox with these defaults.
 	var pd *pool.Idle
 	if poolable(&req) {
-		if pd = m.pools.Take(rec.Template, rec.TemplateVersion); pd != nil {
+		if pd = m.pools.Take(rec.Team, rec.Template, rec.TemplateVersion); pd != nil {
 			rec.ID, rec.AccessToken = pd.ID, pd.Token
 		}
 	}

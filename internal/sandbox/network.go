@@ -45,8 +45,12 @@ func parsePolicy(mode string, allow []string) (egress.Policy, error) {
 	return pol, nil
 }
 
-// resolveSecrets looks the named secrets up; unknown names are invalid.
-func (m *Manager) resolveSecrets(ctx context.Context, names []string) ([]egress.Secret, error) {
+// resolveSecrets looks the named secrets up in team (a sandbox's own
+// team); unknown names are invalid. Another team's secret of that name
+// is refused exactly as a missing one: it defends against a sandbox
+// being given (and the egress proxy injecting into it) another team's
+// credential, and against probing which names another team registered.
+func (m *Manager) resolveSecrets(ctx context.Context, team string, names []string) ([]egress.Secret, error) {
 	if len(names) > MaxSecretsPerSandbox {
 		return nil, invalid("at most %d secrets per sandbox", MaxSecretsPerSandbox)
 	}
@@ -55,7 +59,7 @@ func (m *Manager) resolveSecrets(ctx context.Context, names []string) ([]egress.
 		if err := egress.ValidSecretName(n); err != nil {
 			return nil, invalid("secret %q: %v", n, err)
 		}
-		s, err := m.store.GetSecret(ctx, n)
+		s, err := m.store.GetSecret(ctx, team, n)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, invalid("secret %q is not registered (corral secret set)", n)
 		}
@@ -170,7 +174,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req NetworkRequest)
 	if gw == nil && pol.Mode != egress.ModeNone {
 		return nil, ErrNetworkUnavailable
 	}
-	secrets, err := m.resolveSecrets(ctx, rec.Egress.Secrets)
+	secrets, err := m.resolveSecrets(ctx, rec.Team, rec.Egress.Secrets)
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +259,7 @@ func (m *Manager) restoreNetworks(ctx context.Context) {
 				continue
 			}
 		}
-		secrets, err := m.resolveSecrets(ctx, rec.Egress.Secrets)
+		secrets, err := m.resolveSecrets(ctx, rec.Team, rec.Egress.Secrets)
 		if err != nil {
 			m.log.Warn("sandbox secrets not restored", "id", id, "err", err)
 		}
@@ -265,13 +269,17 @@ func (m *Manager) restoreNetworks(ctx context.Context) {
 	}
 }
 
-// RefreshSecrets re-reads the secrets of every live sandbox that uses
-// name, after it was changed or deleted.
-func (m *Manager) RefreshSecrets(ctx context.Context, name string) {
+// RefreshSecrets re-reads the secrets of every live sandbox of team that
+// uses name, after team's secret was changed or deleted (another team's
+// sandboxes using a secret of that name are not theirs to change).
+func (m *Manager) RefreshSecrets(ctx context.Context, team, name string) {
+	if team == "" {
+		team = store.DefaultTeam
+	}
 	m.mu.Lock()
 	var recs []*store.Sandbox
 	for _, ls := range m.live {
-		if !ls.ending && slices.Contains(ls.rec.Egress.Secrets, name) {
+		if !ls.ending && ls.rec.Team == team && slices.Contains(ls.rec.Egress.Secrets, name) {
 			recs = append(recs, ls.rec)
 		}
 	}
@@ -281,7 +289,7 @@ func (m *Manager) RefreshSecrets(ctx context.Context, name string) {
 	for _, rec := range recs {
 		var secrets []egress.Secret
 		for _, n := range rec.Egress.Secrets {
-			s, err := m.resolveSecrets(ctx, []string{n})
+			s, err := m.resolveSecrets(ctx, rec.Team, []string{n})
 			if err == nil {
 				secrets = append(secrets, s...)
 			}

@@ -115,7 +115,7 @@ func (m *Manager) restart(ctx context.Context, ls *liveSandbox) error {
 	if err != nil {
 		return err
 	}
-	secrets, err := m.resolveSecrets(ctx, rec.Egress.Secrets)
+	secrets, err := m.resolveSecrets(ctx, rec.Team, rec.Egress.Secrets)
 	if err != nil {
 		return err
 	}

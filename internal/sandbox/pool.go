@@ -23,9 +23,9 @@ type PoolStats = pool.Stats
 type warmPools interface {
 	// Owns: the reaper leaves the pools' sandboxes alone.
 	Owns(id string) bool
-	// Take claims an idle sandbox of a template version; Release (it is
+	// Take claims an idle sandbox of a team's pool of a template version; Release (it is
 	// live now) or Discard (the create gave up) ends the claim.
-	Take(template, version string) *pool.Idle
+	Take(team, template, version string) *pool.Idle
 	Release(id string)
 	Discard(pd *pool.Idle)
 	// Free is the room left under the global limit, pools included;
@@ -47,11 +47,11 @@ type poolStarter struct{ m *Manager }
 
 var noPolicy = egress.Policy{Mode: egress.ModeNone}
 
-// StartIdle starts one sandbox with the template's defaults, without a
-// record: it gets one when a create takes it.
-func (s poolStarter) StartIdle(template string, claim func(id string)) (*pool.Idle, error) {
+// StartIdle starts one sandbox of team with the template's defaults,
+// without a record: it gets one when a create of team takes it.
+func (s poolStarter) StartIdle(team, template string, claim func(id string)) (*pool.Idle, error) {
 	m := s.m
-	req := CreateRequest{Template: template}
+	req := CreateRequest{Template: template, Team: team}
 	rec, rc, err := m.validateBase(&req)
 	if err != nil {
 		return nil, err
@@ -91,8 +91,8 @@ func poolable(req *CreateRequest) bool {
 		(req.Tier == "" || req.Tier == DefaultTier) && req.Resources == nil && len(req.Volumes) == 0
 }
 
-// SetPool creates or changes the pool of a template (min 0 and max 0
-// removes it, killing its idle sandboxes).
+// SetPool creates or changes c.Team's pool of a template (min 0 and max
+// 0 removes it, killing its idle sandboxes).
 func (m *Manager) SetPool(ctx context.Context, c PoolConfig) (PoolStats, error) {
 	if c.Template == "" {
 		c.Template = m.cfg.DefaultTemplate
@@ -111,7 +111,8 @@ func (m *Manager) SetPool(ctx context.Context, c PoolConfig) (PoolStats, error) 
 	return st, err
 }
 
-// Pools returns every pool's configuration and counters.
+// Pools returns every team's pools' configuration and counters (the
+// caller shows each team its own).
 func (m *Manager) Pools() []PoolStats { return m.pools.List() }
 
 // RefillPools runs one refill pass of the warm pools now (the watch loop

@@ -14,7 +14,7 @@ import (
 // runtime, keep them from deletion while a sandbox starts with them, and
 // reclaim volumes without a record (the reaper).
 type volumes interface {
-	Resolve(ctx context.Context, reqs []volume.Request) ([]store.VolumeMount, error)
+	Resolve(ctx context.Context, team string, reqs []volume.Request) ([]store.VolumeMount, error)
 	Binds(ctx context.Context, mounts []store.VolumeMount) ([]runtime.FileBind, error)
 	Hold() (release func())
 	PurgeOrphans(ctx context.Context)
@@ -32,11 +32,12 @@ func (m *Manager) holdVolumes(reqs []volume.Request) func() {
 	return m.cfg.Volumes.Hold()
 }
 
-// resolveVolumes checks a create's volume requests and returns what the
-// record and the runtime get. It mounts the volumes if the host lost
+// resolveVolumes checks the volume requests of a create of team's
+// sandbox (team's volumes only) and returns what the record and the
+// runtime get. It mounts the volumes if the host lost
 // their mounts (after a reboot). The caller holds the volumes
 // (holdVolumes).
-func (m *Manager) resolveVolumes(ctx context.Context, rt runtime.Runtime, reqs []volume.Request) ([]store.VolumeMount, []runtime.FileBind, error) {
+func (m *Manager) resolveVolumes(ctx context.Context, team string, rt runtime.Runtime, reqs []volume.Request) ([]store.VolumeMount, []runtime.FileBind, error) {
 	if len(reqs) == 0 {
 		return nil, nil, nil
 	}
@@ -46,7 +47,7 @@ func (m *Manager) resolveVolumes(ctx context.Context, rt runtime.Runtime, reqs [
 	if rt == runtime.GVisor {
 		return nil, nil, invalid(gvisorNoVolumes)
 	}
-	mounts, err := m.cfg.Volumes.Resolve(ctx, reqs)
+	mounts, err := m.cfg.Volumes.Resolve(ctx, team, reqs)
 	var inv *volume.InvalidError
 	if errors.As(err, &inv) {
 		return nil, nil, invalid("%s", inv.Msg)

@@ -360,13 +360,13 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	// Every secret value is redacted from the log and the audit log.
 	red := &egress.Redactor{}
-	secrets, err := st.ListSecrets(ctx)
+	secrets, err := st.ListSecrets(ctx, "")
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
 	for _, sec := range secrets {
-		_ = red.Add(sec.Name, sec.Value)
+		_ = red.AddFor(sec.Team, sec.Name, sec.Value)
 	}
 	cfg.Log = slog.New(egress.NewSlogHandler(cfg.Log.Handler(), red))
 	al := audit.New(st, red, cfg.Log)
@@ -397,14 +397,14 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		Pools: func() []metrics.Pool {
 			var out []metrics.Pool
 			for _, p := range mgr.Pools() {
-				out = append(out, metrics.Pool{Template: p.Template, Idle: p.Idle, Target: p.Target, Hits: p.Hits, Misses: p.Misses,
+				out = append(out, metrics.Pool{Team: p.Team, Template: p.Template, Idle: p.Idle, Target: p.Target, Hits: p.Hits, Misses: p.Misses,
 					Refills: p.Refills, RefillSecondsAvg: p.RefillMSAvg / 1000})
 			}
 			return out
 		},
 		Admission: func() (int, int) { s := adm.Stats(); return s.Running, s.Waiting },
 		Volumes: func(ctx context.Context) (n int, used, size int64, err error) {
-			vs, err := volSvc.List(ctx)
+			vs, err := volSvc.List(ctx, "")
 			if err != nil {
 				return 0, 0, 0, err
 			}

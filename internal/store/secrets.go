@@ -14,6 +14,9 @@ import (
 // inject. Its Value is only ever read by the proxy; the API reports the
 // other fields.
 type Secret struct {
+	// Team owns the secret: only that team's sandboxes may use it. Names
+	// are per team.
+	Team   string
 	Name   string
 	Hosts  []string
 	Header string
@@ -25,24 +28,31 @@ type Secret struct {
 	UpdatedAt time.Time
 }
 
-// PutSecret creates or replaces the secret called sec.Name.
+const secretCols = `name, hosts, header, value, allow_http, created_at, updated_at, team`
+
+// PutSecret creates or replaces the secret called sec.Name of sec.Team
+// ("" is DefaultTeam); another team's secret of that name is untouched.
 func (s *Store) PutSecret(ctx context.Context, sec *Secret) error {
 	hosts, _ := json.Marshal(sec.Hosts)
 	now := ms(time.Now())
-	_, err := s.db.ExecContext(ctx, `INSERT INTO secrets (name, hosts, header, value, allow_http, created_at, updated_at)
-		VALUES (?,?,?,?,?,?,?)
-		ON CONFLICT(name) DO UPDATE SET hosts=excluded.hosts, header=excluded.header, value=excluded.value,
+	sec.Team = teamOr(sec.Team)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO secrets (`+secretCols+`)
+		VALUES (?,?,?,?,?,?,?,?)
+		ON CONFLICT(team, name) DO UPDATE SET hosts=excluded.hosts, header=excluded.header, value=excluded.value,
 			allow_http=excluded.allow_http, updated_at=excluded.updated_at`,
-		sec.Name, string(hosts), sec.Header, sec.Value, sec.AllowHTTP, now, now)
+		sec.Name, string(hosts), sec.Header, sec.Value, sec.AllowHTTP, now, now, sec.Team)
 	if err != nil {
 		return fmt.Errorf("put secret %s: %w", sec.Name, err)
 	}
 	return nil
 }
 
-// GetSecret returns the secret called name.
-func (s *Store) GetSecret(ctx context.Context, name string) (*Secret, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT name, hosts, header, value, allow_http, created_at, updated_at FROM secrets WHERE name=?`, name)
+// GetSecret returns team's secret called name ("" is DefaultTeam).
+// Another team's secret of that name is ErrNotFound, exactly as a
+// missing one: a sandbox of one team can never be given another team's
+// secret.
+func (s *Store) GetSecret(ctx context.Context, team, name string) (*Secret, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT `+secretCols+` FROM secrets WHERE team=? AND name=?`, teamOr(team), name)
 	sec, err := scanSecret(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
@@ -53,14 +63,21 @@ func (s *Store) GetSecret(ctx context.Context, name string) (*Secret, error) {
 	return sec, nil
 }
 
-// ListSecrets returns every secret, by name.
-func (s *Store) ListSecrets(ctx context.Context) ([]*Secret, error) {
-	return queryAll(ctx, s.db, "list secrets", `SELECT name, hosts, header, value, allow_http, created_at, updated_at FROM secrets ORDER BY name`, nil, scanSecret)
+// ListSecrets returns team's secrets ("" = every team's), by name.
+func (s *Store) ListSecrets(ctx context.Context, team string) ([]*Secret, error) {
+	q := `SELECT ` + secretCols + ` FROM secrets`
+	var args []any
+	if team != "" {
+		q += ` WHERE team=?`
+		args = append(args, team)
+	}
+	return queryAll(ctx, s.db, "list secrets", q+` ORDER BY name, team`, args, scanSecret)
 }
 
-// DeleteSecret removes the secret called name.
-func (s *Store) DeleteSecret(ctx context.Context, name string) error {
-	r, err := s.db.ExecContext(ctx, `DELETE FROM secrets WHERE name=?`, name)
+// DeleteSecret removes team's secret called name ("" is DefaultTeam);
+// another team's is ErrNotFound.
+func (s *Store) DeleteSecret(ctx context.Context, team, name string) error {
+	r, err := s.db.ExecContext(ctx, `DELETE FROM secrets WHERE team=? AND name=?`, teamOr(team), name)
 	if err != nil {
 		return fmt.Errorf("delete secret %s: %w", name, err)
 	}
@@ -74,7 +91,7 @@ func scanSecret(sc scanner) (*Secret, error) {
 	var sec Secret
 	var hosts string
 	var created, updated int64
-	if err := sc.Scan(&sec.Name, &hosts, &sec.Header, &sec.Value, &sec.AllowHTTP, &created, &updated); err != nil {
+	if err := sc.Scan(&sec.Name, &hosts, &sec.Header, &sec.Value, &sec.AllowHTTP, &created, &updated, &sec.Team); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(hosts), &sec.Hosts)

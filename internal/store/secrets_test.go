@@ -24,24 +24,24 @@ func TestSecretsCRUD(t *testing.T) {
 	if err := s.PutSecret(ctx, &Secret{Name: "github", Hosts: []string{"api.github.com", "*.github.com"}, Header: "Authorization", Value: "Bearer two"}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.GetSecret(ctx, "github")
+	got, err := s.GetSecret(ctx, "", "github")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got.Value != "Bearer two" || len(got.Hosts) != 2 {
 		t.Fatalf("replace did not take: %+v", got)
 	}
-	list, err := s.ListSecrets(ctx)
+	list, err := s.ListSecrets(ctx, "")
 	if err != nil || len(list) != 1 {
 		t.Fatalf("list: %v %v", list, err)
 	}
-	if err := s.DeleteSecret(ctx, "github"); err != nil {
+	if err := s.DeleteSecret(ctx, "", "github"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.GetSecret(ctx, "github"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetSecret(ctx, "", "github"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("get after delete: %v", err)
 	}
-	if err := s.DeleteSecret(ctx, "github"); !errors.Is(err, ErrNotFound) {
+	if err := s.DeleteSecret(ctx, "", "github"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second delete: %v", err)
 	}
 }
@@ -69,7 +69,7 @@ func TestSecretAllowHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	old, err := s.GetSecret(ctx, "old")
+	old, err := s.GetSecret(ctx, "", "old")
 	if err != nil || old.Value != "Bearer old" || old.AllowHTTP {
 		t.Fatalf("migrated secret %+v, %v; want kept, not allowed over plain HTTP", old, err)
 	}
@@ -77,11 +77,11 @@ func TestSecretAllowHTTP(t *testing.T) {
 		if err := s.PutSecret(ctx, &Secret{Name: "old", Hosts: []string{"a.test"}, Header: "Authorization", Value: "Bearer new", AllowHTTP: allow}); err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.GetSecret(ctx, "old")
+		got, err := s.GetSecret(ctx, "", "old")
 		if err != nil || got.AllowHTTP != allow {
 			t.Fatalf("after put with AllowHTTP=%v: %+v, %v", allow, got, err)
 		}
-		list, err := s.ListSecrets(ctx)
+		list, err := s.ListSecrets(ctx, "")
 		if err != nil || len(list) != 1 || list[0].AllowHTTP != allow {
 			t.Fatalf("list after put with AllowHTTP=%v: %+v, %v", allow, list, err)
 		}

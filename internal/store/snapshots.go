@@ -148,36 +148,3 @@ func scanSnapshot(sc scanner) (*Snapshot, error) {
 	sn.CreatedAt = time.UnixMilli(created).UTC()
 	return &sn, nil
 }
-
-// Pool is the stored configuration of one template's warm pool.
-type Pool struct {
-	Template string
-	Min, Max int
-	MaxIdleS int64
-}
-
-// PutPool stores a pool's configuration; max 0 removes it.
-func (s *Store) PutPool(ctx context.Context, template string, min, max int, maxIdleS int64) error {
-	var err error
-	if max == 0 {
-		_, err = s.db.ExecContext(ctx, `DELETE FROM pools WHERE template=?`, template)
-	} else {
-		_, err = s.db.ExecContext(ctx, `INSERT INTO pools (template, min, max, max_idle_s) VALUES (?,?,?,?)
-			ON CONFLICT(template) DO UPDATE SET min=excluded.min, max=excluded.max, max_idle_s=excluded.max_idle_s`,
-			template, min, max, maxIdleS)
-	}
-	if err != nil {
-		return fmt.Errorf("put pool %s: %w", template, err)
-	}
-	return nil
-}
-
-// ListPools returns every stored pool configuration.
-func (s *Store) ListPools(ctx context.Context) ([]Pool, error) {
-	return queryAll(ctx, s.db, "list pools", `SELECT template, min, max, max_idle_s FROM pools ORDER BY template`, nil,
-		func(sc scanner) (Pool, error) {
-			var p Pool
-			err := sc.Scan(&p.Template, &p.Min, &p.Max, &p.MaxIdleS)
-			return p, err
-		})
-}

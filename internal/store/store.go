@@ -103,21 +103,6 @@ CREATE TABLE IF NOT EXISTS template_versions (
 	current INTEGER NOT NULL DEFAULT 0,
 	PRIMARY KEY (name, version)
 );
-CREATE TABLE IF NOT EXISTS pools (
-	template TEXT PRIMARY KEY,
-	min INTEGER NOT NULL,
-	max INTEGER NOT NULL,
-	max_idle_s INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS secrets (
-	name TEXT PRIMARY KEY,
-	hosts TEXT NOT NULL,
-	header TEXT NOT NULL,
-	value TEXT NOT NULL,
-	allow_http INTEGER NOT NULL DEFAULT 0,
-	created_at INTEGER NOT NULL,
-	updated_at INTEGER NOT NULL
-);
 CREATE TABLE IF NOT EXISTS events (
 	id INTEGER PRIMARY KEY AUTOINCREMENT,
 	at INTEGER NOT NULL,
@@ -130,13 +115,6 @@ CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, id);
 CREATE INDEX IF NOT EXISTS events_kind ON events(kind, id);
 CREATE TRIGGER IF NOT EXISTS events_append_only_update BEFORE UPDATE ON events
 BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
-CREATE TABLE IF NOT EXISTS volumes (
-	id TEXT PRIMARY KEY,
-	name TEXT NOT NULL UNIQUE,
-	size_mb INTEGER NOT NULL,
-	token TEXT NOT NULL,
-	created_at INTEGER NOT NULL
-);
 CREATE TABLE IF NOT EXISTS api_keys (
 	hash TEXT PRIMARY KEY,
 	name TEXT NOT NULL,
@@ -165,11 +143,15 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	db.SetMaxOpenConns(1) // one writer; SQLite serialises anyway
-	if _, err := db.Exec(schema); err != nil {
+	if _, err := db.Exec(schema + teamTablesSchema()); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
 	}
 	if err := addColumns(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store: %w", err)
+	}
+	if err := rebuildTeamTables(db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
 	}

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,7 +11,10 @@ import (
 // Volume is the record of a volume: a persistent, size-capped file system
 // that sandboxes mount.
 type Volume struct {
-	ID        string
+	ID string
+	// Team owns the volume: the team of the key that created it. Names
+	// are per team.
+	Team      string
 	Name      string
 	SizeMB    int64
 	Token     string // bearer token of its content API
@@ -26,15 +28,20 @@ type VolumeMount struct {
 	Path string `json:"path"`
 }
 
-// ErrVolumeExists: a volume of that name exists.
+// ErrVolumeExists: the team has a volume of that name.
 var ErrVolumeExists = errors.New("a volume of that name exists")
 
-const volumeCols = `id, name, size_mb, token, created_at`
+// ErrAmbiguous: a name looked up in every team's records (an admin's
+// ?team=all) names records of several teams.
+var ErrAmbiguous = errors.New("the name is used by several teams")
 
-// InsertVolume records a new volume.
+const volumeCols = `id, name, size_mb, token, created_at, team`
+
+// InsertVolume records a new volume of v.Team ("" is DefaultTeam).
 func (s *Store) InsertVolume(ctx context.Context, v *Volume) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes (`+volumeCols+`) VALUES (?,?,?,?,?)`,
-		v.ID, v.Name, v.SizeMB, v.Token, ms(v.CreatedAt))
+	v.Team = teamOr(v.Team)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes (`+volumeCols+`) VALUES (?,?,?,?,?,?)`,
+		v.ID, v.Name, v.SizeMB, v.Token, ms(v.CreatedAt), v.Team)
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		return ErrVolumeExists
 	}
@@ -44,21 +51,48 @@ func (s *Store) InsertVolume(ctx context.Context, v *Volume) error {
 	return nil
 }
 
-// GetVolume returns the volume whose id or name is ref.
-func (s *Store) GetVolume(ctx context.Context, ref string) (*Volume, error) {
-	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE id=? OR name=? ORDER BY id=? DESC LIMIT 1`, ref, ref, ref))
-	if errors.Is(err, sql.ErrNoRows) {
+// GetVolume returns team's volume whose id or name is ref (an id wins
+// over a name). Another team's volume is ErrNotFound, exactly as a
+// missing one: a lookup never says that a name or id exists elsewhere.
+// team "" looks in every team (an admin's ?team=all): an id matches in
+// any team, a name only when one team has it (ErrAmbiguous otherwise).
+func (s *Store) GetVolume(ctx context.Context, team, ref string) (*Volume, error) {
+	q := `SELECT ` + volumeCols + ` FROM volumes WHERE (id=? OR name=?)`
+	args := []any{ref, ref}
+	if team != "" {
+		q += ` AND team=?`
+		args = append(args, team)
+	}
+	vs, err := queryAll(ctx, s.db, "get volume "+ref, q+` ORDER BY id=? DESC LIMIT 2`, append(args, ref), scanVolume)
+	switch {
+	case err != nil:
+		return nil, err
+	case len(vs) == 0:
 		return nil, ErrNotFound
+	case len(vs) > 1 && vs[0].ID != ref:
+		return nil, ErrAmbiguous
 	}
-	if err != nil {
-		return nil, fmt.Errorf("get volume %s: %w", ref, err)
-	}
-	return v, nil
+	return vs[0], nil
 }
 
-// ListVolumes returns every volume, oldest first.
-func (s *Store) ListVolumes(ctx context.Context) ([]*Volume, error) {
-	return queryAll(ctx, s.db, "list volumes", `SELECT `+volumeCols+` FROM volumes ORDER BY created_at, id`, nil, scanVolume)
+// ListVolumes returns team's volumes ("" = every team's), oldest first.
+func (s *Store) ListVolumes(ctx context.Context, team string) ([]*Volume, error) {
+	q := `SELECT ` + volumeCols + ` FROM volumes`
+	var args []any
+	if team != "" {
+		q += ` WHERE team=?`
+		args = append(args, team)
+	}
+	return queryAll(ctx, s.db, "list volumes", q+` ORDER BY created_at, id`, args, scanVolume)
+}
+
+// CountVolumes counts every team's volumes (the server's limit).
+func (s *Store) CountVolumes(ctx context.Context) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM volumes`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count volumes: %w", err)
+	}
+	return n, nil
 }
 
 // DeleteVolume removes the record of volume id.
@@ -83,7 +117,7 @@ func (s *Store) VolumeUsers(ctx context.Context, id string) ([]string, error) {
 func scanVolume(sc scanner) (*Volume, error) {
 	var v Volume
 	var created int64
-	if err := sc.Scan(&v.ID, &v.Name, &v.SizeMB, &v.Token, &created); err != nil {
+	if err := sc.Scan(&v.ID, &v.Name, &v.SizeMB, &v.Token, &created, &v.Team); err != nil {
 		return nil, err
 	}
 	v.CreatedAt = time.UnixMilli(created).UTC()

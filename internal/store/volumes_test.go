@@ -25,12 +25,12 @@ func TestVolumes(t *testing.T) {
 		t.Fatalf("duplicate name: %v", err)
 	}
 	for _, ref := range []string{"vaaaa", "data"} {
-		got, err := s.GetVolume(ctx, ref)
+		got, err := s.GetVolume(ctx, "", ref)
 		if err != nil || !reflect.DeepEqual(got, a) {
 			t.Fatalf("get %s: %+v %v", ref, got, err)
 		}
 	}
-	if _, err := s.GetVolume(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetVolume(ctx, "", "nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("get unknown: %v", err)
 	}
 	mk := func(id, state string, vols ...VolumeMount) {
@@ -57,7 +57,7 @@ func TestVolumes(t *testing.T) {
 	if err := s.DeleteVolume(ctx, "vaaaa"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second delete: %v", err)
 	}
-	if vs, err := s.ListVolumes(ctx); err != nil || len(vs) != 0 {
+	if vs, err := s.ListVolumes(ctx, ""); err != nil || len(vs) != 0 {
 		t.Fatalf("list after delete %v %v", vs, err)
 	}
 }

@@ -52,9 +52,10 @@ type ConflictError struct{ Msg string }
 
 func (e *ConflictError) Error() string { return e.Msg }
 
-// auditRecorder records volume events in the audit log.
+// auditRecorder records volume events in the audit log (*audit.Log),
+// with the team and key id of the request that caused them.
 type auditRecorder interface {
-	Record(sandbox, kind string, data any)
+	RecordBy(ctx context.Context, sandbox, kind string, data any)
 }
 
 var nameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
@@ -89,14 +90,16 @@ func NewService(disk *Store, st *store.Store, audit auditRecorder, log *slog.Log
 	return &Service{disk: disk, st: st, audit: audit, log: log}
 }
 
-func (s *Service) record(kind string, data any) {
+func (s *Service) record(ctx context.Context, kind string, data any) {
 	if s.audit != nil {
-		s.audit.Record("", kind, data)
+		s.audit.RecordBy(ctx, "", kind, data)
 	}
 }
 
-// Create makes a volume of sizeMB MiB (0: DefaultSizeMB).
-func (s *Service) Create(ctx context.Context, name string, sizeMB int64) (*store.Volume, error) {
+// Create makes a volume of team (the caller's) of sizeMB MiB (0:
+// DefaultSizeMB). Names are per team: another team's volume of that name
+// neither conflicts nor is mentioned.
+func (s *Service) Create(ctx context.Context, team, name string, sizeMB int64) (*store.Volume, error) {
 	if s.disk == nil {
 		return nil, ErrUnavailable
 	}
@@ -109,19 +112,19 @@ func (s *Service) Create(ctx context.Context, name string, sizeMB int64) (*store
 	if sizeMB < MinSizeMB || sizeMB > MaxSizeMB {
 		return nil, invalid("volume size must be between %d and %d MiB", MinSizeMB, MaxSizeMB)
 	}
-	if _, err := s.st.GetVolume(ctx, name); err == nil {
+	if _, err := s.st.GetVolume(ctx, team, name); err == nil {
 		return nil, &ConflictError{Msg: fmt.Sprintf("a volume named %q exists", name)}
 	}
-	all, err := s.st.ListVolumes(ctx)
+	n, err := s.st.CountVolumes(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if len(all) >= MaxVolumes {
+	if n >= MaxVolumes {
 		return nil, &ConflictError{Msg: fmt.Sprintf("this server holds %d volumes, the most it keeps; delete one first", MaxVolumes)}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v := &store.Volume{ID: idgen.New("vol", 17), Name: name, SizeMB: sizeMB, Token: idgen.Token(), CreatedAt: time.Now().UTC()}
+	v := &store.Volume{ID: idgen.New("vol", 17), Team: team, Name: name, SizeMB: sizeMB, Token: idgen.Token(), CreatedAt: time.Now().UTC()}
 	if err := s.disk.Create(ctx, v.ID, sizeMB); err != nil {
 		return nil, fmt.Errorf("create volume %s: %w", name, err)
 	}
@@ -132,20 +135,25 @@ func (s *Service) Create(ctx context.Context, name string, sizeMB int64) (*store
 		}
 		return nil, err
 	}
-	s.record("volume.created", map[string]any{"volume": v.ID, "name": name, "size_mb": sizeMB})
+	s.record(ctx, "volume.created", map[string]any{"volume": v.ID, "name": name, "size_mb": sizeMB})
 	return v, nil
 }
 
-// List lists the volumes.
-func (s *Service) List(ctx context.Context) ([]*store.Volume, error) {
-	return s.st.ListVolumes(ctx)
+// List lists team's volumes ("" = every team's).
+func (s *Service) List(ctx context.Context, team string) ([]*store.Volume, error) {
+	return s.st.ListVolumes(ctx, team)
 }
 
-// Get returns the volume named or numbered ref.
-func (s *Service) Get(ctx context.Context, ref string) (*store.Volume, error) {
-	v, err := s.st.GetVolume(ctx, ref)
-	if errors.Is(err, store.ErrNotFound) {
+// Get returns team's volume named or numbered ref (team "": any team's,
+// see store.GetVolume). Another team's volume is ErrNotFound, exactly as
+// a missing one.
+func (s *Service) Get(ctx context.Context, team, ref string) (*store.Volume, error) {
+	v, err := s.st.GetVolume(ctx, team, ref)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
 		return nil, ErrNotFound
+	case errors.Is(err, store.ErrAmbiguous):
+		return nil, invalid("volume name %q is used by several teams: give the volume's id, or the team with ?team=", ref)
 	}
 	return v, err
 }
@@ -167,15 +175,15 @@ func (s *Service) Path(ctx context.Context, v *store.Volume) (string, error) {
 	return s.disk.Mount(ctx, v.ID)
 }
 
-// Delete deletes a volume and everything on it. A volume that a sandbox
-// (running or paused) mounts is not deleted.
-func (s *Service) Delete(ctx context.Context, ref string) error {
+// Delete deletes team's volume ref (see Get) and everything on it. A
+// volume that a sandbox (running or paused) mounts is not deleted.
+func (s *Service) Delete(ctx context.Context, team, ref string) error {
 	if s.disk == nil {
 		return ErrUnavailable
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, err := s.Get(ctx, ref)
+	v, err := s.Get(ctx, team, ref)
 	if err != nil {
 		return err
 	}
@@ -192,7 +200,7 @@ func (s *Service) Delete(ctx context.Context, ref string) error {
 	if err := s.st.DeleteVolume(ctx, v.ID); err != nil {
 		return err
 	}
-	s.record("volume.deleted", map[string]any{"volume": v.ID, "name": v.Name})
+	s.record(ctx, "volume.deleted", map[string]any{"volume": v.ID, "name": v.Name, "team": v.Team})
 	return nil
 }
 
@@ -219,21 +227,23 @@ func (s *Service) PurgeOrphans(ctx context.Context) {
 		return
 	}
 	for _, id := range ids {
-		if _, err := s.st.GetVolume(ctx, id); !errors.Is(err, store.ErrNotFound) {
+		if _, err := s.st.GetVolume(ctx, "", id); !errors.Is(err, store.ErrNotFound) {
 			continue
 		}
 		if err := s.disk.Remove(id); err != nil {
 			s.log.Error("reaper: remove volume", "volume", id, "err", err)
 			continue
 		}
-		s.record("reaper.reclaimed", map[string]any{"what": "volume " + id, "reason": "no_record"})
+		s.record(ctx, "reaper.reclaimed", map[string]any{"what": "volume " + id, "reason": "no_record"})
 	}
 }
 
-// Resolve checks a create's volume requests (count, mount paths, that
-// each volume exists) and returns the record's mounts. The caller holds
-// Hold.
-func (s *Service) Resolve(ctx context.Context, reqs []Request) ([]store.VolumeMount, error) {
+// Resolve checks the volume requests of a create of team's sandbox
+// (count, mount paths, that each volume exists in team) and returns the
+// record's mounts. Another team's volume is refused exactly as a missing
+// one: a sandbox never mounts another team's volume, and the answer does
+// not tell whether its name or id exists. The caller holds Hold.
+func (s *Service) Resolve(ctx context.Context, team string, reqs []Request) ([]store.VolumeMount, error) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
@@ -242,6 +252,9 @@ func (s *Service) Resolve(ctx context.Context, reqs []Request) ([]store.VolumeMo
 	}
 	if len(reqs) > MaxPerSandbox {
 		return nil, invalid("a sandbox mounts at most %d volumes", MaxPerSandbox)
+	}
+	if team == "" { // never every team's: a sandbox has one team
+		team = store.DefaultTeam
 	}
 	var mounts []store.VolumeMount
 	for _, r := range reqs {
@@ -260,7 +273,7 @@ func (s *Service) Resolve(ctx context.Context, reqs []Request) ([]store.VolumeMo
 				return nil, invalid("volume %q is mounted twice", r.Volume)
 			}
 		}
-		v, err := s.Get(ctx, r.Volume)
+		v, err := s.Get(ctx, team, r.Volume)
 		if errors.Is(err, ErrNotFound) {
 			return nil, invalid("volume %q does not exist", r.Volume)
 		}

@@ -52,7 +52,7 @@ func TestResolveRefusesBadMounts(t *testing.T) {
 		{"too many", many, "at most"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			mounts, err := s.Resolve(ctx, tc.reqs)
+			mounts, err := s.Resolve(ctx, "", tc.reqs)
 			if tc.want == "" {
 				if err != nil || len(mounts) != 2 || mounts[0].ID != "vola" || mounts[1].ID != "volb" {
 					t.Fatalf("Resolve = %+v, %v", mounts, err)
@@ -78,16 +78,16 @@ func TestServiceWithoutDisk(t *testing.T) {
 	defer st.Close()
 	ctx := context.Background()
 	s := NewService(nil, st, nil, nil)
-	if _, err := s.Create(ctx, "a", 0); !errors.Is(err, ErrUnavailable) {
+	if _, err := s.Create(ctx, "", "a", 0); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Create: %v", err)
 	}
-	if err := s.Delete(ctx, "a"); !errors.Is(err, ErrUnavailable) {
+	if err := s.Delete(ctx, "", "a"); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Delete: %v", err)
 	}
-	if _, err := s.Resolve(ctx, []Request{{"a", "/data"}}); !errors.Is(err, ErrUnavailable) {
+	if _, err := s.Resolve(ctx, "", []Request{{"a", "/data"}}); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Resolve: %v", err)
 	}
-	if vs, err := s.List(ctx); err != nil || len(vs) != 0 {
+	if vs, err := s.List(ctx, ""); err != nil || len(vs) != 0 {
 		t.Errorf("List: %v, %v", vs, err)
 	}
 }

@@ -56,7 +56,7 @@ func run(m *testing.M) int {
 	code := m.Run()
 	// Every test deletes the volumes it made; one left means a test leaks
 	// (the server keeps volumes mounted, by design).
-	if vs, err := ts.Srv.Volumes.List(context.Background()); err != nil || len(vs) > 0 {
+	if vs, err := ts.Srv.Volumes.List(context.Background(), ""); err != nil || len(vs) > 0 {
 		for _, v := range vs {
 			fmt.Fprintf(os.Stderr, "volume %s (%s) left behind by a test\n", v.Name, v.ID)
 		}
