@@ -100,8 +100,8 @@ func (s *Service) record(ctx context.Context, kind string, data any) {
 // DefaultSizeMB). Names are per team: another team's volume of that name
 // neither conflicts nor is mentioned.
 func (s *Service) Create(ctx context.Context, team, name string, sizeMB int64) (*store.Volume, error) {
-	if s.disk == nil {
-		return nil, ErrUnavailable
+	if team == "" {
+		team = store.DefaultTeam
 	}
 	if !nameRe.MatchString(name) {
 		return nil, invalid("volume name %q: use 1 to 63 of [a-zA-Z0-9._-], starting with a letter or digit", name)
@@ -114,6 +114,9 @@ func (s *Service) Create(ctx context.Context, team, name string, sizeMB int64) (
 	}
 	if _, err := s.st.GetVolume(ctx, team, name); err == nil {
 		return nil, &ConflictError{Msg: fmt.Sprintf("a volume named %q exists", name)}
+	}
+	if s.disk == nil {
+		return nil, ErrUnavailable
 	}
 	n, err := s.st.CountVolumes(ctx)
 	if err != nil {
@@ -178,14 +181,14 @@ func (s *Service) Path(ctx context.Context, v *store.Volume) (string, error) {
 // Delete deletes team's volume ref (see Get) and everything on it. A
 // volume that a sandbox (running or paused) mounts is not deleted.
 func (s *Service) Delete(ctx context.Context, team, ref string) error {
-	if s.disk == nil {
-		return ErrUnavailable
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v, err := s.Get(ctx, team, ref)
 	if err != nil {
 		return err
+	}
+	if s.disk == nil {
+		return ErrUnavailable
 	}
 	users, err := s.st.VolumeUsers(ctx, v.ID)
 	if err != nil {
@@ -247,9 +250,6 @@ func (s *Service) Resolve(ctx context.Context, team string, reqs []Request) ([]s
 	if len(reqs) == 0 {
 		return nil, nil
 	}
-	if s.disk == nil {
-		return nil, ErrUnavailable
-	}
 	if len(reqs) > MaxPerSandbox {
 		return nil, invalid("a sandbox mounts at most %d volumes", MaxPerSandbox)
 	}
@@ -281,6 +281,9 @@ func (s *Service) Resolve(ctx context.Context, team string, reqs []Request) ([]s
 			return nil, err
 		}
 		mounts = append(mounts, store.VolumeMount{ID: v.ID, Name: v.Name, Path: p})
+	}
+	if s.disk == nil {
+		return nil, ErrUnavailable
 	}
 	return mounts, nil
 }

@@ -77,8 +77,11 @@ func TestServiceWithoutDisk(t *testing.T) {
 	}
 	defer st.Close()
 	ctx := context.Background()
+	if err := st.InsertVolume(ctx, &store.Volume{ID: "vola", Name: "a", SizeMB: 16, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
 	s := NewService(nil, st, nil, nil)
-	if _, err := s.Create(ctx, "", "a", 0); !errors.Is(err, ErrUnavailable) {
+	if _, err := s.Create(ctx, "", "b", 0); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Create: %v", err)
 	}
 	if err := s.Delete(ctx, "", "a"); !errors.Is(err, ErrUnavailable) {
@@ -87,7 +90,42 @@ func TestServiceWithoutDisk(t *testing.T) {
 	if _, err := s.Resolve(ctx, "", []Request{{"a", "/data"}}); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Resolve: %v", err)
 	}
-	if vs, err := s.List(ctx, ""); err != nil || len(vs) != 0 {
-		t.Errorf("List: %v, %v", vs, err)
+	if vs, err := s.List(ctx, ""); err != nil || len(vs) != 1 {
+		t.Errorf("List: %v, %v; want the one recorded volume", vs, err)
+	}
+}
+
+// TestResolveOnlyOwnTeam: a create may mount only its own team's
+// volumes. Team B naming team A's volume (by name or by id) must be
+// refused exactly as a volume that does not exist — the same error text —
+// so that B can neither mount A's data nor learn that A has a volume of
+// that name; B's own volume of the same name resolves to B's.
+func TestResolveOnlyOwnTeam(t *testing.T) {
+	st, err := store.Open(filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	for _, v := range []*store.Volume{{ID: "vola", Team: "team-a", Name: "data"}, {ID: "volb", Team: "team-b", Name: "data"}, {ID: "volx", Team: "team-a", Name: "only-a"}} {
+		v.SizeMB, v.Token, v.CreatedAt = 16, "tok-"+v.ID, time.Now()
+		if err := st.InsertVolume(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := NewService(&Store{}, st, nil, nil)
+	if m, err := s.Resolve(ctx, "team-b", []Request{{"data", "/data"}}); err != nil || len(m) != 1 || m[0].ID != "volb" {
+		t.Fatalf("team B's own data: %+v, %v; want volb", m, err)
+	}
+	_, missing := s.Resolve(ctx, "team-b", []Request{{"nope", "/data"}})
+	for _, ref := range []string{"only-a", "volx", "vola"} {
+		_, err := s.Resolve(ctx, "team-b", []Request{{ref, "/data"}})
+		var inv *InvalidError
+		if !errors.As(err, &inv) || err.Error() != strings.Replace(missing.Error(), "nope", ref, 1) {
+			t.Errorf("team B mounts team A's %q: %v; want the error of a missing volume (%v)", ref, err, missing)
+		}
+		if _, err := s.Get(ctx, "team-b", ref); !errors.Is(err, ErrNotFound) {
+			t.Errorf("team B gets team A's %q: %v, want ErrNotFound", ref, err)
+		}
 	}
 }

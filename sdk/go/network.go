@@ -62,6 +62,9 @@ func (c *Client) SetNetwork(ctx context.Context, id, mode string, allow []string
 
 // Secret is a registered secret as the API reports it: never its value.
 type Secret struct {
+	// Team owns the secret: only its sandboxes may use it. Names are
+	// per team.
+	Team   string   `json:"team"`
 	Name   string   `json:"name"`
 	Hosts  []string `json:"hosts"`
 	Header string   `json:"header"`

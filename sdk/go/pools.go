@@ -8,6 +8,8 @@ import (
 // Pool is a template's warm pool: idle sandboxes started ahead of time and
 // handed to creates that ask for the template's defaults.
 type Pool struct {
+	// Team owns the pool: its idle sandboxes serve that team's creates.
+	Team         string  `json:"team"`
 	Template     string  `json:"template"`
 	Min          int     `json:"min"`
 	Max          int     `json:"max"`

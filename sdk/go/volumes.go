@@ -9,7 +9,9 @@ import (
 // Volume is a persistent, size-capped file system that sandboxes mount
 // (docs/environments.md, "Volumes").
 type Volume struct {
-	ID     string `json:"id"`
+	ID string `json:"id"`
+	// Team owns the volume. Names are per team.
+	Team   string `json:"team"`
 	Name   string `json:"name"`
 	SizeMB int64  `json:"size_mb"`
 	// UsedBytes is what the volume holds (nil when it could not be read).
