@@ -43,6 +43,7 @@ func TestNetwork(t *testing.T) {
 	t.Run("RawTCP", func(t *testing.T) { testNetRawTCP(t, fx) })
 	t.Run("RuntimePolicyChange", func(t *testing.T) { testNetRuntimePolicyChange(t, fx) })
 	t.Run("SecretInjection", func(t *testing.T) { testNetSecretInjection(t, fx) })
+	t.Run("SecretTeams", func(t *testing.T) { testNetSecretTeams(t, fx) })
 	t.Run("Caps", func(t *testing.T) { testNetCaps(t, fx) })
 	t.Run("HostPlumbing", func(t *testing.T) { testNetHostPlumbing(t, fx) })
 	t.Run("EnvSecretWarning", func(t *testing.T) { testNetEnvSecretWarning(t, fx) })
