@@ -53,8 +53,7 @@ func (s *Server) e2bCreateVolume(w http.ResponseWriter, r *http.Request) {
 	if !e2bBody(w, r, &req) {
 		return
 	}
-	id, _ := identityFrom(r.Context())
-	v, err := s.vols.Create(r.Context(), id.Team, req.Name, 0)
+	v, err := s.vols.Create(r.Context(), callerTeam(r), req.Name, 0)
 	if err != nil {
 		s.e2bVolumeErr(w, r, err)
 		return

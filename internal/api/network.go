@@ -88,8 +88,7 @@ const (
 // names are per team.
 func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	id, _ := identityFrom(r.Context())
-	team := id.Team
+	team := callerTeam(r)
 	var req struct {
 		Hosts  []string `json:"hosts"`
 		Header string   `json:"header"`

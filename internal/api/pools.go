@@ -54,8 +54,7 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	id, _ := identityFrom(r.Context())
-	st, err := s.mgr.SetPool(r.Context(), sandbox.PoolConfig{Team: id.Team, Template: r.PathValue("template"), Min: req.Min, Max: req.Max,
+	st, err := s.mgr.SetPool(r.Context(), sandbox.PoolConfig{Team: callerTeam(r), Template: r.PathValue("template"), Min: req.Min, Max: req.Max,
 		MaxIdle: time.Duration(req.MaxIdleS) * time.Second})
 	if err != nil {
 		s.writeErr(w, r, err)

@@ -41,8 +41,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	id, _ := identityFrom(r.Context())
-	v, err := s.vols.Create(r.Context(), id.Team, req.Name, req.SizeMB)
+	v, err := s.vols.Create(r.Context(), callerTeam(r), req.Name, req.SizeMB)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

@@ -100,7 +100,7 @@ func (m *Manager) SetPool(ctx context.Context, c PoolConfig) (PoolStats, error) 
 	if !templateNameRe.MatchString(c.Template) || strings.HasPrefix(c.Template, SnapshotPrefix) {
 		return PoolStats{}, invalid("template %q is not a valid template name", c.Template)
 	}
-	if _, err := m.resolveTemplate(ctx, c.Template, teamOr("")); err != nil {
+	if _, err := m.resolveTemplate(ctx, c.Template, teamOr(c.Team)); err != nil {
 		return PoolStats{}, err
 	}
 	st, err := m.pools.Set(ctx, c)
