@@ -342,3 +342,52 @@ func TestTeamObjectEventsRecordTheKey(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolServesOnlyItsTeam: a warm pool is (team, template). Team A's
+// create must not be handed an idle sandbox of team B's pool of the same
+// template (it would be a sandbox B's pool started, counted to B): A's
+// create misses, B's hits, and each sandbox's record carries its
+// creator's team.
+func TestPoolServesOnlyItsTeam(t *testing.T) {
+	e := newTeamsEnv(t)
+	if st, body := e.raw("PUT", "/v1/pools/base", keyB, map[string]any{"min": 1, "max": 1}); st != http.StatusOK {
+		t.Fatalf("team B sets its pool: %d %s", st, body)
+	}
+	type poolList struct {
+		Pools []struct {
+			Team       string
+			Idle, Hits int
+		} `json:"pools"`
+	}
+	idleB := func() (idle, hits int) {
+		var l poolList
+		e.call("GET", "/v1/pools", keyB, nil, &l)
+		if len(l.Pools) != 1 {
+			t.Fatalf("team B's pools: %+v", l)
+		}
+		return l.Pools[0].Idle, l.Pools[0].Hits
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for idle, _ := idleB(); idle != 1; idle, _ = idleB() {
+		if time.Now().After(deadline) {
+			t.Fatal("team B's pool did not fill")
+		}
+		e.m.RefillPools()
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, tc := range []struct {
+		key, team string
+		hits      int
+	}{{keyA, "team-a", 0}, {keyB, "team-b", 1}} {
+		var sb struct{ ID, Team string }
+		if st := e.call("POST", "/v1/sandboxes", tc.key, map[string]any{}, &sb); st != http.StatusCreated {
+			t.Fatalf("%s creates: %d", tc.team, st)
+		}
+		if rec, err := e.st.GetSandbox(context.Background(), sb.ID); err != nil || rec.Team != tc.team || sb.Team != tc.team {
+			t.Fatalf("%s's sandbox: record %+v, view team %q, %v", tc.team, rec, sb.Team, err)
+		}
+		if _, hits := idleB(); hits != tc.hits {
+			t.Fatalf("after %s's create team B's pool has %d hits, want %d", tc.team, hits, tc.hits)
+		}
+	}
+}
