@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corralhq/corral/internal/actor"
 	"github.com/corralhq/corral/internal/store"
 )
 
@@ -335,6 +336,7 @@ func (ps *Pools) Refill() {
 	pressure := ps.pressure()
 	ps.mu.Lock()
 	var stale []*Idle
+	stoppedOf := map[string]int{} // team -> its pooled sandboxes stopped
 	type job struct {
 		p *pool
 		n int
@@ -345,6 +347,7 @@ func (ps *Pools) Refill() {
 		for _, pd := range p.idle {
 			if pressure || now.Sub(pd.Started) > p.cfg.MaxIdle {
 				stale = append(stale, pd)
+				stoppedOf[p.cfg.Team]++
 				p.stats.Evicted++
 				if !pressure && p.target > p.cfg.Min {
 					p.target-- // unused for its whole idle age: shrink back
@@ -361,8 +364,12 @@ func (ps *Pools) Refill() {
 	ps.mu.Unlock()
 	if pressure && len(stale) > 0 {
 		// Recorded first, so that whoever sees the sandboxes gone finds why.
+		// One event per team, in that team's log: each team sees why
+		// its pooled sandboxes went, and how many.
 		ps.log.Warn("memory pressure: pools emptied", "stopped", len(stale))
-		ps.record(context.Background(), "pool.emptied", map[string]any{"reason": "memory_pressure", "stopped": len(stale)})
+		for team, n := range stoppedOf {
+			ps.record(actor.With(context.Background(), actor.Actor{Team: team}), "pool.emptied", map[string]any{"reason": "memory_pressure", "stopped": n})
+		}
 	}
 	for _, pd := range stale {
 		ps.Discard(pd)

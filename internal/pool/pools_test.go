@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corralhq/corral/internal/actor"
 	"github.com/corralhq/corral/internal/store"
 )
 
@@ -83,12 +84,27 @@ func (f *fakeStarter) runningOf(v string) int {
 type events struct {
 	mu    sync.Mutex
 	kinds []string
+	teams []string // the team of the actor of each event
 }
 
-func (e *events) RecordBy(_ context.Context, _, kind string, _ any) {
+func (e *events) RecordBy(ctx context.Context, _, kind string, _ any) {
 	e.mu.Lock()
 	e.kinds = append(e.kinds, kind)
+	e.teams = append(e.teams, actor.From(ctx).Team)
 	e.mu.Unlock()
+}
+
+// teamsOf returns the teams of the events of kind.
+func (e *events) teamsOf(kind string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for i, k := range e.kinds {
+		if k == kind {
+			out = append(out, e.teams[i])
+		}
+	}
+	return out
 }
 
 func (e *events) has(kind string) bool {
@@ -245,10 +261,12 @@ func TestPoolsRefuseBadSizes(t *testing.T) {
 // must never be handed a sandbox started for team B's pool of the same
 // template (it would run as B's, with B's template, and B's pool would
 // pay for A), removing B's pool must leave A's alone, and both survive a
-// restart (Load) with their teams.
+// restart (Load) with their teams. Memory pressure records why the pools
+// emptied in each affected team's own log (a server-wide event is not
+// one a team's audit query sees).
 func TestPoolsArePerTeam(t *testing.T) {
 	var pressure atomic.Bool
-	ps, f, _ := newTestPools(t, 10, &pressure)
+	ps, f, ev := newTestPools(t, 10, &pressure)
 	ctx := context.Background()
 	if _, err := ps.Set(ctx, Config{Team: "team-b", Template: "base", Min: 2, Max: 2}); err != nil {
 		t.Fatal(err)
@@ -286,6 +304,14 @@ func TestPoolsArePerTeam(t *testing.T) {
 	}
 	if l := ps.List(); len(l) != 1 || l[0].Team != "team-b" || l[0].Min != 2 {
 		t.Fatalf("pools after team A removed its own: %+v, want team B's untouched", l)
+	}
+	pressure.Store(true)
+	for deadline := time.Now().Add(10 * time.Second); len(ev.teamsOf("pool.emptied")) == 0 && time.Now().Before(deadline); {
+		ps.Refill() // returns at once while a background pass runs
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := ev.teamsOf("pool.emptied"); len(got) != 1 || got[0] != "team-b" {
+		t.Fatalf("pool.emptied events of teams %q, want one of team-b (whose pool held the idle sandbox)", got)
 	}
 	again := New(f, ps.st, nil, pressure.Load, nil)
 	again.Load(ctx)
