@@ -1,9 +1,8 @@
-// Package pool keeps the warm pools: per team and template, idle sandboxes started
-// ahead of time with the template's defaults (tier light, runc, no
-// network), each handed to exactly one create of that team and never
-// reused. The pools
-// start and stop sandboxes through a Starter (the sandbox manager); they
-// own no lifecycle of their own.
+// Package pool keeps the warm pools: per team and template, idle
+// sandboxes started ahead of time with the template's defaults (tier
+// light, runc, no network), each handed to exactly one create of that
+// team and never reused. The pools start and stop sandboxes through a
+// Starter (the sandbox manager); they own no lifecycle of their own.
 package pool
 
 import (
@@ -199,7 +198,7 @@ func (ps *Pools) Set(ctx context.Context, c Config) (Stats, error) {
 	for _, d := range drop {
 		ps.Discard(d)
 	}
-	ps.record(ctx, "pool.set", map[string]any{"template": c.Template, "min": c.Min, "max": c.Max, "max_idle_s": int64(c.MaxIdle / time.Second)})
+	ps.record(ctx, "pool.set", map[string]any{"team": c.Team, "template": c.Template, "min": c.Min, "max": c.Max, "max_idle_s": int64(c.MaxIdle / time.Second)})
 	go ps.Refill()
 	return st, nil
 }
