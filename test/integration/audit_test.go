@@ -419,7 +419,7 @@ func TestAuditRetention(t *testing.T) {
 	var left []corral.Event
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		left, err = s.c.Audit(ctx, corral.AuditQuery{})
+		left, err = s.c.Audit(ctx, corral.AuditQuery{Team: "all"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -493,7 +493,7 @@ func TestAuditRetention(t *testing.T) {
 	}
 
 	out := filepath.Join(t.TempDir(), "export.jsonl")
-	_, errOut, code := cliAt(t, s, "audit", "export", "--out", out, "--since", "1h")
+	_, errOut, code := cliAt(t, s, "audit", "export", "--team", "all", "--out", out, "--since", "1h")
 	if code != 0 {
 		t.Fatalf("corral audit export: exit %d %s", code, errOut)
 	}
@@ -507,7 +507,7 @@ func TestAuditRetention(t *testing.T) {
 	if err := json.Unmarshal([]byte(first), &ev); err != nil || ev.ID == 0 || ev.Kind == "" {
 		t.Fatalf("export line %q: %v", first, err)
 	}
-	now, err := s.c.Audit(ctx, corral.AuditQuery{After: ev.ID - 1})
+	now, err := s.c.Audit(ctx, corral.AuditQuery{Team: "all", After: ev.ID - 1})
 	if err != nil {
 		t.Fatal(err)
 	}

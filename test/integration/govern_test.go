@@ -874,7 +874,7 @@ func TestCrashRecovery(t *testing.T) {
 	}
 
 	// The audit log survived and says what happened.
-	evs := audit(t, c, corral.AuditQuery{})
+	evs := audit(t, c, corral.AuditQuery{Team: "all"})
 	created, adopted := findEvent(evs, "sandbox.created", keep.ID), findEvent(evs, "sandbox.adopted", keep.ID)
 	if created == nil || adopted == nil || created.ID > adopted.ID {
 		t.Fatalf("audit lacks sandbox.created before sandbox.adopted of %s:\n%s", keep.ID, eventKinds(evs))

@@ -98,11 +98,15 @@ type Config struct {
 // Auditor records an event in the audit log (audit.Log).
 type Auditor interface {
 	Record(sandbox, kind string, data any)
+	// RecordBy records an event a request caused (the team and key id of
+	// the actor in ctx).
+	RecordBy(ctx context.Context, sandbox, kind string, data any)
 }
 
 type noAudit struct{}
 
 func (noAudit) Record(string, string, any) {}
+func (noAudit) RecordBy(context.Context, string, string, any) {}
 
 // Registry is the template registry.
 type Registry struct {
@@ -240,7 +244,7 @@ func (r *Registry) Use(ctx context.Context, ref string) (*store.TemplateVersion,
 		}
 		return nil, err
 	}
-	r.cfg.Audit.Record("", "template.current", map[string]any{"template": ref})
+	r.cfg.Audit.RecordBy(ctx, "", "template.current", map[string]any{"template": ref})
 	return r.Resolve(ctx, ref)
 }
 
@@ -282,7 +286,7 @@ func (r *Registry) Delete(ctx context.Context, ref string) error {
 			r.cfg.Log.Error("remove template dir", "dir", dir, "err", err)
 		}
 	}
-	r.cfg.Audit.Record("", "template.deleted", map[string]any{"template": ref})
+	r.cfg.Audit.RecordBy(ctx, "", "template.deleted", map[string]any{"template": ref})
 	if tv.Source == SourceImport {
 		r.PurgeUnusedImports(ctx)
 	}
@@ -374,6 +378,6 @@ func (r *Registry) Import(ctx context.Context, ref, team string, src template.Im
 	if err := r.Add(ctx, tv); err != nil {
 		return nil, err
 	}
-	r.cfg.Audit.Record("", "template.imported", map[string]any{"template": ref, "digest": res.Digest, "bytes": res.Size, "layers": len(res.Layers)})
+	r.cfg.Audit.RecordBy(ctx, "", "template.imported", map[string]any{"template": ref, "digest": res.Digest, "bytes": res.Size, "layers": len(res.Layers)})
 	return tv, nil
 }
