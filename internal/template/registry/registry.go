@@ -105,7 +105,7 @@ type Auditor interface {
 
 type noAudit struct{}
 
-func (noAudit) Record(string, string, any) {}
+func (noAudit) Record(string, string, any)                    {}
 func (noAudit) RecordBy(context.Context, string, string, any) {}
 
 // Registry is the template registry.
