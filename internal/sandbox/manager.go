@@ -125,6 +125,9 @@ type Config struct {
 	// sandbox root maps to, which imported templates are shifted to and
 	// volume files are owned from.
 	IDBase uint32
+	// OnCommand, when set, is called once for every command started in a
+	// sandbox (the usage meter counts them), as its record is made.
+	OnCommand func(sandbox string)
 }
 
 // Defaults of [Config] (docs/configuration.md).

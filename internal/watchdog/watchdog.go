@@ -159,6 +159,11 @@ type Config struct {
 	StatsTimeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// OnSample, when set, receives every sample as it is recorded (the
+	// usage meter integrates them). It is called with the watchdog's lock
+	// held, so that a sample is seen by OnSample exactly when Latest and
+	// Series return it; it must be quick and must not call the watchdog.
+	OnSample func(sandbox string, s Sample)
 }
 
 // Event is something the watchdog noticed.
@@ -443,6 +448,9 @@ func (w *Watchdog) observe(t Target, r reading) ([]Event, bool) {
 		}
 	}
 	st.push(s)
+	if w.cfg.OnSample != nil {
+		w.cfg.OnSample(t.ID, s)
+	}
 
 	var events []Event
 	if newKills > 0 {
