@@ -677,3 +677,31 @@ func TestDemandPercent(t *testing.T) {
 		t.Errorf("sample = %+v; want demand = CPU at the clock's time", got)
 	}
 }
+
+// TestOnSampleSeesEverySample checks the usage meter's feed: OnSample
+// receives every recorded sample, in order, with the values Series
+// returns, and nothing for a sandbox whose Stats failed. A sample the
+// meter missed would be CPU and memory nobody is billed for.
+func TestOnSampleSeesEverySample(t *testing.T) {
+	clk := newClock()
+	src := newSource(Target{ID: "a"}, Target{ID: "b"})
+	src.errs["b"] = errors.New("gone")
+	var got []Sample
+	w := New(Config{Now: clk.Now, OnSample: func(id string, s Sample) {
+		if id != "a" {
+			t.Errorf("OnSample for %s, whose Stats failed", id)
+		}
+		got = append(got, s)
+	}}, src, nil, nil)
+	for i := range 5 {
+		src.mu.Lock()
+		src.stats["a"] = runtime.Stats{CPUSeconds: float64(i) * 0.5, MemoryBytes: int64(i+1) << 20}
+		src.mu.Unlock()
+		w.Tick()
+		clk.Advance(time.Second)
+	}
+	series := w.Series("a", time.Time{})
+	if len(got) != 5 || !slices.Equal(got, series) {
+		t.Fatalf("OnSample got %+v, Series %+v: want the same 5 samples", got, series)
+	}
+}
