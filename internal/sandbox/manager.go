@@ -712,6 +712,11 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 			m.log.Warn("sandbox died", "id", id, "reason", reason, "log", l.AgentLog(id))
 		}
 	}
+	if wd := m.wd.Load(); wd != nil {
+		if st, err := m.driver.Stats(id); err == nil {
+			wd.Final(id, st) // what it used since the last round is metered
+		}
+	}
 	stopErr := m.driver.Stop(ctx, id, m.cfg.KillGrace)
 	m.teardownNetwork(id)
 	if stopErr != nil {

@@ -152,11 +152,17 @@ func New(ctx context.Context, st *store.Store, cfg Config) (*Meter, error) {
 
 // Sample meters one watchdog reading of a sandbox (watchdog.Config's
 // OnSample): the CPU counter's increase and the memory integral over the
-// interval since the previous reading (see the package comment).
+// interval since the previous reading (see the package comment). A
+// reading older than the sandbox's newest is ignored: a round that read
+// the counters before the watchdog's final reading at the sandbox's end
+// would otherwise look like a counter reset and be counted in full.
 func (m *Meter) Sample(sandbox string, s watchdog.Sample) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	prev, ok := m.last[sandbox]
+	if ok && s.Time.Before(prev.at) {
+		return // read before the newest reading (a round racing the final one)
+	}
 	m.last[sandbox] = reading{cpu: s.CPUSeconds, mem: s.MemoryBytes, at: s.Time}
 	m.dirty[sandbox] = true
 	a := amounts(prev, ok, s)

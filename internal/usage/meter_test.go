@@ -370,3 +370,19 @@ func TestMeterFlushRetriesAfterFailure(t *testing.T) {
 		t.Fatalf("after a failed flush and a good one: %+v", rep.Totals)
 	}
 }
+
+// TestMeterIgnoresStaleReading feeds a reading older than the newest one
+// (a round that read the counters before the final reading at the
+// sandbox's end, recorded after the watchdog forgot the sandbox). It
+// defends against billing the sandbox's whole CPU counter a second time
+// as if the counter had been reset.
+func TestMeterIgnoresStaleReading(t *testing.T) {
+	f := newFixture(t)
+	f.sample("sa1", 0, 1, gib)
+	f.sample("sa1", 2, 5, gib)
+	f.sample("sa1", 1, 4, gib) // read before the one above
+	rep := f.report(Query{Team: "red"})
+	if !near(rep.Totals.CPUSeconds, 5) || !near(rep.Totals.MemoryGiBSeconds, 2) {
+		t.Fatalf("CPU %v memory %v, want 5 and 2 (the stale reading ignored)", rep.Totals.CPUSeconds, rep.Totals.MemoryGiBSeconds)
+	}
+}

@@ -37,10 +37,30 @@ func (l *sampleLog) add(id string, s watchdog.Sample) {
 	l.all[id] = append(l.all[id], s)
 }
 
+// of returns the samples of a sandbox in order, leaving out any that is
+// older than one before it (as the meter does: a round that read the
+// counters before the final reading at the sandbox's end).
 func (l *sampleLog) of(id string) []watchdog.Sample {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]watchdog.Sample(nil), l.all[id]...)
+	var out []watchdog.Sample
+	for _, s := range l.all[id] {
+		if len(out) == 0 || !s.Time.Before(out[len(out)-1].Time) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// count is the number of samples received of the sandboxes.
+func (l *sampleLog) count(ids ...string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		n += len(l.all[id])
+	}
+	return n
 }
 
 // memoryGiBSeconds integrates samples the way the meter's documentation
@@ -169,15 +189,16 @@ func TestUsage(t *testing.T) {
 		}
 	}
 
-	for _, id := range []string{sb.ID, betaSb.ID} {
-		if _, err := s.c.Kill(ctx, id); err != nil {
-			t.Fatalf("kill %s: %v", id, err)
-		}
+	if _, err := s.c.Kill(ctx, sb.ID); err != nil {
+		t.Fatalf("kill %s: %v", sb.ID, err)
+	}
+	if _, err := beta.Kill(ctx, betaSb.ID); err != nil {
+		t.Fatalf("beta kill %s: %v", betaSb.ID, err)
 	}
 	// A round that read the counters just before the kill may still be
 	// delivering its sample: wait until no sample has come for 3 s.
 	for deadline, last := time.Now().Add(time.Minute), -1; ; {
-		cur := len(samples.of(sb.ID)) + len(samples.of(betaSb.ID))
+		cur := samples.count(sb.ID, betaSb.ID)
 		if cur == last {
 			break
 		}
