@@ -712,11 +712,7 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 			m.log.Warn("sandbox died", "id", id, "reason", reason, "log", l.AgentLog(id))
 		}
 	}
-	if wd := m.wd.Load(); wd != nil {
-		if st, err := m.driver.Stats(id); err == nil {
-			wd.Final(id, st) // what it used since the last round is metered
-		}
-	}
+	m.finalReading(id)
 	stopErr := m.driver.Stop(ctx, id, m.cfg.KillGrace)
 	m.teardownNetwork(id)
 	if stopErr != nil {
@@ -743,6 +739,17 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 	}
 	m.log.Info("sandbox ended", "id", id, "reason", reason)
 	return nil
+}
+
+// finalReading gives the watchdog a last reading of a sandbox whose
+// processes are about to stop (it ends, or a persisted pause stops it),
+// so that what it used since the last sampling round is metered.
+func (m *Manager) finalReading(id string) {
+	if wd := m.wd.Load(); wd != nil {
+		if st, err := m.driver.Stats(id); err == nil {
+			wd.Final(id, st)
+		}
+	}
 }
 
 // IDBase is the host uid/gid that sandbox uid/gid 0 maps to (the base of
