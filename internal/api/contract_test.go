@@ -54,6 +54,7 @@ var wirePairs = []struct {
 	{"volume", new(volumeView), new(corral.Volume)},
 	{"key", new(keyView), new(corral.KeyInfo)},
 	{"new key", new(newKeyView), new(corral.NewKey)},
+	{"usage", new(usageReportView), new(corral.UsageReport)},
 }
 
 // noSDKView lists the native API's views that have no exported SDK type,
@@ -155,7 +156,7 @@ func TestWireContractCoversEveryView(t *testing.T) {
 	// response object; listing them here by hand keeps the check honest
 	// without parsing the package's source.
 	views := []any{sandboxView{}, commandView{}, networkView{}, usageView{}, secretView{}, poolView{},
-		snapshotView{}, taskView{}, templateView{}, importView{}, volumeView{}, sampleView{}, forkView{}, keyView{}, newKeyView{}}
+		snapshotView{}, taskView{}, templateView{}, importView{}, volumeView{}, sampleView{}, forkView{}, keyView{}, newKeyView{}, usageReportView{}}
 	for _, v := range views {
 		typ := reflect.TypeOf(v)
 		if typ == reflect.TypeOf(usageView{}) {

@@ -17,6 +17,7 @@ import (
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template/registry"
+	"github.com/corralhq/corral/internal/usage"
 	"github.com/corralhq/corral/internal/volume"
 )
 
@@ -53,6 +54,9 @@ type Config struct {
 	// Volumes is the server's volume service (nil: one without a file
 	// system, whose calls answer volumes_unavailable).
 	Volumes *volume.Service
+	// Usage is the usage meter GET /v1/usage flushes before it reads
+	// (nil: the route reads what the store holds).
+	Usage *usage.Meter
 }
 
 // Server serves the API.
@@ -126,6 +130,7 @@ func (s *Server) routes() {
 	s.mux.Handle("PUT /v1/secrets/{name}", s.auth(s.putSecret))
 	s.mux.Handle("DELETE /v1/secrets/{name}", s.auth(s.deleteSecret))
 	s.mux.Handle("GET /v1/audit", s.auth(s.listAudit))
+	s.mux.Handle("GET /v1/usage", s.auth(s.usageReport))
 	s.mux.Handle("GET /v1/sandboxes/{id}/metrics", s.auth(s.scoped(sandboxObject, s.sandboxMetrics)))
 	s.mux.Handle("GET /v1/sandboxes/{id}/processes", s.auth(s.scoped(sandboxObject, s.sandboxProcesses)))
 	s.mux.Handle("POST /v1/sandboxes/{id}/snapshots", s.auth(s.scoped(sandboxObject, s.createSnapshot)))

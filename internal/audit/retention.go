@@ -26,8 +26,8 @@ const (
 // 4: nothing was ever deleted, so a busy server's database only grew).
 // Zero fields take the defaults; a negative field turns its bound off.
 type Retention struct {
-	// MaxAge: events and ended commands older than this are deleted
-	// (default [DefaultMaxAge], 30 days).
+	// MaxAge: events, ended commands and usage rows older than this are
+	// deleted (default [DefaultMaxAge], 30 days).
 	MaxAge time.Duration
 	// MaxEvents is the most events kept; the oldest go first (default
 	// [DefaultMaxEvents]).
@@ -75,12 +75,15 @@ type Pruned struct {
 	Archive string
 	// Commands is how many command records were deleted.
 	Commands int64
+	// Usage is how many usage rows (per sandbox and minute) were
+	// deleted: they are kept for MaxAge, like the events.
+	Usage int64
 }
 
 // Prune applies r once, at now: events beyond it are written to the
 // archive, then deleted oldest first, and so are command records beyond
-// it. When anything was deleted it records one "audit.pruned" event
-// saying what (counts, id and time range, reason, archive file); a
+// it and usage rows older than MaxAge. When anything was deleted it
+// records one "audit.pruned" event saying what (counts, id and time range, reason, archive file); a
 // failure is recorded as "audit.prune_failed" and deletes nothing more.
 func (l *Log) Prune(ctx context.Context, r Retention, now time.Time) (Pruned, error) {
 	p, err := l.prune(ctx, r.withDefaults(), now)
@@ -88,8 +91,8 @@ func (l *Log) Prune(ctx context.Context, r Retention, now time.Time) (Pruned, er
 		l.Record("", "audit.prune_failed", map[string]any{"error": err.Error(), "events": p.Events, "commands": p.Commands})
 		return p, err
 	}
-	if p.Events > 0 || p.Commands > 0 {
-		d := map[string]any{"events": p.Events, "commands": p.Commands, "reason": p.Reason, "archive": p.Archive,
+	if p.Events > 0 || p.Commands > 0 || p.Usage > 0 {
+		d := map[string]any{"events": p.Events, "commands": p.Commands, "usage_rows": p.Usage, "reason": p.Reason, "archive": p.Archive,
 			"max_age_s": int64(r.withDefaults().MaxAge.Seconds()), "max_events": r.withDefaults().MaxEvents}
 		if p.Events > 0 {
 			d["first_id"], d["last_id"], d["from"], d["to"] = p.FirstID, p.LastID, p.From, p.To
@@ -134,7 +137,10 @@ func (l *Log) prune(ctx context.Context, r Retention, now time.Time) (Pruned, er
 			return p, err
 		}
 	}
-	p.Commands, err = l.st.PruneCommands(ctx, before, r.MaxCommands)
+	if p.Commands, err = l.st.PruneCommands(ctx, before, r.MaxCommands); err != nil {
+		return p, err
+	}
+	p.Usage, err = l.st.PruneUsage(ctx, before)
 	return p, err
 }
 

@@ -161,3 +161,45 @@ func TestPruneWithoutArchive(t *testing.T) {
 		t.Fatalf("prune: %+v %v", p, err)
 	}
 }
+
+// TestPruneUsageRows checks that the retention bounds the usage rows
+// too: minutes older than MaxAge are deleted, newer ones kept, the
+// audit.pruned event counts them, and with the age bound off nothing is
+// deleted. Without it the usage table (a row per sandbox and minute)
+// would grow for ever.
+func TestPruneUsageRows(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	l := New(st, nil, nil)
+	defer l.Close()
+	now := time.Now().UTC().Truncate(time.Minute)
+	recs := []store.UsageRecord{
+		{SandboxID: "sb", Bucket: now.Add(-40 * 24 * time.Hour), UsageAmounts: store.UsageAmounts{Commands: 1}},
+		{SandboxID: "sb", Bucket: now.Add(-31 * 24 * time.Hour), UsageAmounts: store.UsageAmounts{Commands: 1}},
+		{SandboxID: "sb", Bucket: now.Add(-time.Hour), UsageAmounts: store.UsageAmounts{Commands: 1}},
+	}
+	if err := st.WriteUsage(ctx, recs, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := l.Prune(ctx, Retention{MaxAge: -1, MaxEvents: -1, MaxCommands: -1}, now); err != nil || p.Usage != 0 {
+		t.Fatalf("prune with retention off: %+v %v", p, err)
+	}
+	p, err := l.Prune(ctx, Retention{}, now)
+	if err != nil || p.Usage != 2 {
+		t.Fatalf("prune: %+v %v; want the 2 rows older than 30 days", p, err)
+	}
+	l.Sync()
+	evs, err := st.ListEvents(ctx, store.EventFilter{Kind: "audit.pruned"})
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("audit.pruned events %v %v", evs, err)
+	}
+	var d struct {
+		UsageRows int64 `json:"usage_rows"`
+	}
+	if json.Unmarshal(evs[0].Data, &d) != nil || d.UsageRows != 2 {
+		t.Fatalf("audit.pruned data %s: want usage_rows 2", evs[0].Data)
+	}
+	if n, err := st.PruneUsage(ctx, now.Add(-24*time.Hour)); err != nil || n != 0 {
+		t.Fatalf("rows left older than a day: %d %v", n, err)
+	}
+}

@@ -1,7 +1,8 @@
 // Package metrics exposes corral's operational metrics in the Prometheus
 // text format (docs/configuration.md, "Metrics"): counters of audit events
-// by kind and outcome, the time sandboxes take to start, and gauges read
-// when scraped (sandboxes by state, warm pools, admission), beside the Go
+// by kind and outcome, the time sandboxes take to start, gauges read when
+// scraped (sandboxes by state, warm pools, admission) and the usage
+// meter's counters by team, read when scraped, beside the Go
 // runtime's and the process's own metrics.
 //
 // Events reach it through [Metrics.Event], which the audit log calls for
@@ -67,6 +68,15 @@ type Config struct {
 	// Volumes returns the number of volumes, the bytes they use and
 	// their total size.
 	Volumes func(ctx context.Context) (count int, usedBytes, sizeBytes int64, err error)
+	// Usage returns every team's metered usage so far (the usage meter's
+	// totals), exported as the corral_usage_*_total counters.
+	Usage func(ctx context.Context) (map[string]TeamUsage, error)
+}
+
+// TeamUsage is one team's metered usage so far.
+type TeamUsage struct {
+	CPUSeconds, MemoryGiBSeconds, SandboxSeconds float64
+	EgressBytes, Commands                        int64
 }
 
 // Metrics is corral's metric registry. It is safe for concurrent use.
@@ -202,11 +212,17 @@ var (
 	volCountDesc  = prometheus.NewDesc("corral_volumes", "Volumes on this server.", nil, nil)
 	volUsedDesc   = prometheus.NewDesc("corral_volume_used_bytes", "Bytes used on all volumes together.", nil, nil)
 	volSizeDesc   = prometheus.NewDesc("corral_volume_size_bytes", "Size of all volumes together (their caps).", nil, nil)
+	usageCPUDesc  = prometheus.NewDesc("corral_usage_cpu_seconds_total", "CPU seconds used by the team's sandboxes (the usage meter).", []string{"team"}, nil)
+	usageMemDesc  = prometheus.NewDesc("corral_usage_memory_gib_seconds_total", "Memory GiB-seconds used by the team's sandboxes (the usage meter).", []string{"team"}, nil)
+	usageSbDesc   = prometheus.NewDesc("corral_usage_sandbox_seconds_total", "Seconds the team's sandboxes existed, created to ended (the usage meter).", []string{"team"}, nil)
+	usageEgDesc   = prometheus.NewDesc("corral_usage_egress_bytes_total", "Bytes the egress proxy carried for the team's sandboxes, both ways (the usage meter).", []string{"team"}, nil)
+	usageCmdDesc  = prometheus.NewDesc("corral_usage_commands_total", "Commands started in the team's sandboxes (the usage meter).", []string{"team"}, nil)
 	scrapeErrDesc = prometheus.NewDesc("corral_scrape_error", "1 when a gauge could not be read in this scrape.", []string{"gauge"}, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{sandboxesDesc, poolIdleDesc, poolTgtDesc, poolHitsDesc, poolMissDesc, poolRefDesc, poolRefAvg, admRunDesc, admWaitDesc, volCountDesc, volUsedDesc, volSizeDesc, scrapeErrDesc} {
+	for _, d := range []*prometheus.Desc{sandboxesDesc, poolIdleDesc, poolTgtDesc, poolHitsDesc, poolMissDesc, poolRefDesc, poolRefAvg, admRunDesc, admWaitDesc, volCountDesc, volUsedDesc, volSizeDesc,
+		usageCPUDesc, usageMemDesc, usageSbDesc, usageEgDesc, usageCmdDesc, scrapeErrDesc} {
 		ch <- d
 	}
 }
@@ -243,6 +259,21 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(volCountDesc, prometheus.GaugeValue, float64(n))
 			ch <- prometheus.MustNewConstMetric(volUsedDesc, prometheus.GaugeValue, float64(used))
 			ch <- prometheus.MustNewConstMetric(volSizeDesc, prometheus.GaugeValue, float64(size))
+		}
+	}
+	if f := g.cfg.Usage; f != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		teams, err := f(ctx)
+		cancel()
+		if err != nil {
+			ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1, "usage")
+		}
+		for team, u := range teams {
+			ch <- prometheus.MustNewConstMetric(usageCPUDesc, prometheus.CounterValue, u.CPUSeconds, team)
+			ch <- prometheus.MustNewConstMetric(usageMemDesc, prometheus.CounterValue, u.MemoryGiBSeconds, team)
+			ch <- prometheus.MustNewConstMetric(usageSbDesc, prometheus.CounterValue, u.SandboxSeconds, team)
+			ch <- prometheus.MustNewConstMetric(usageEgDesc, prometheus.CounterValue, float64(u.EgressBytes), team)
+			ch <- prometheus.MustNewConstMetric(usageCmdDesc, prometheus.CounterValue, float64(u.Commands), team)
 		}
 	}
 	if f := g.cfg.Admission; f != nil {

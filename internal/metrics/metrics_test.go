@@ -149,6 +149,16 @@ func TestGaugesAndHandler(t *testing.T) {
 			Sandboxes: func(context.Context) (map[string]int, error) { return nil, errors.New("disk on fire") },
 			Volumes:   func(context.Context) (int, int64, int64, error) { return 0, 0, 0, errors.New("no store") },
 		}, []string{`corral_scrape_error{gauge="sandboxes"} 1`, `corral_scrape_error{gauge="volumes"} 1`, `corral_sandboxes{state="running"} 0`}, []string{"corral_pool_idle", "corral_admission_running", "corral_volumes "}},
+		{"usage by team", Config{
+			Usage: func(context.Context) (map[string]TeamUsage, error) {
+				return map[string]TeamUsage{"red": {CPUSeconds: 2.5, MemoryGiBSeconds: 0.75, SandboxSeconds: 60, EgressBytes: 1234, Commands: 7}, "blue": {Commands: 1}}, nil
+			},
+		}, []string{`corral_usage_cpu_seconds_total{team="red"} 2.5`, `corral_usage_memory_gib_seconds_total{team="red"} 0.75`,
+			`corral_usage_sandbox_seconds_total{team="red"} 60`, `corral_usage_egress_bytes_total{team="red"} 1234`,
+			`corral_usage_commands_total{team="red"} 7`, `corral_usage_commands_total{team="blue"} 1`, "# TYPE corral_usage_cpu_seconds_total counter"}, []string{"corral_scrape_error"}},
+		{"usage error", Config{
+			Usage: func(context.Context) (map[string]TeamUsage, error) { return nil, errors.New("store closed") },
+		}, []string{`corral_scrape_error{gauge="usage"} 1`}, []string{"corral_usage_cpu_seconds_total{"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -125,6 +125,9 @@ type Config struct {
 	// sandbox root maps to, which imported templates are shifted to and
 	// volume files are owned from.
 	IDBase uint32
+	// OnCommand, when set, is called once for every command started in a
+	// sandbox (the usage meter counts them), as its record is made.
+	OnCommand func(sandbox string)
 }
 
 // Defaults of [Config] (docs/configuration.md).
@@ -709,6 +712,7 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 			m.log.Warn("sandbox died", "id", id, "reason", reason, "log", l.AgentLog(id))
 		}
 	}
+	m.finalReading(id)
 	stopErr := m.driver.Stop(ctx, id, m.cfg.KillGrace)
 	m.teardownNetwork(id)
 	if stopErr != nil {
@@ -735,6 +739,17 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 	}
 	m.log.Info("sandbox ended", "id", id, "reason", reason)
 	return nil
+}
+
+// finalReading gives the watchdog a last reading of a sandbox whose
+// processes are about to stop (it ends, or a persisted pause stops it),
+// so that what it used since the last sampling round is metered.
+func (m *Manager) finalReading(id string) {
+	if wd := m.wd.Load(); wd != nil {
+		if st, err := m.driver.Stats(id); err == nil {
+			wd.Final(id, st)
+		}
+	}
 }
 
 // IDBase is the host uid/gid that sandbox uid/gid 0 maps to (the base of

@@ -68,6 +68,7 @@ func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*stor
 	remaining := ls.remaining
 	m.mu.Unlock()
 	m.dropClient(id)
+	m.finalReading(id)
 	if err := m.driver.Stop(ctx, id, m.cfg.KillGrace); err != nil {
 		m.log.Error("stop persisted sandbox", "id", id, "err", err)
 	}

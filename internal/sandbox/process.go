@@ -94,6 +94,9 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 	if rid, err := m.store.StartCommand(context.WithoutCancel(ctx), &p.rec); err == nil {
 		p.rec.ID = rid
 	}
+	if m.cfg.OnCommand != nil {
+		m.cfg.OnCommand(id)
+	}
 	return p, nil
 }
 

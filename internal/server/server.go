@@ -37,6 +37,7 @@ import (
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template"
 	"github.com/corralhq/corral/internal/template/registry"
+	"github.com/corralhq/corral/internal/usage"
 	"github.com/corralhq/corral/internal/volume"
 	"github.com/corralhq/corral/internal/watchdog"
 )
@@ -314,6 +315,9 @@ type Server struct {
 	Governor *govern.Governor
 	// Watchdog samples running sandboxes.
 	Watchdog *watchdog.Watchdog
+	// Usage meters what sandboxes use (GET /v1/usage, the
+	// corral_usage_* counters).
+	Usage *usage.Meter
 	// summary summarises egress refusals; nil without a gateway.
 	summary *egress.Summarizer
 
@@ -370,6 +374,12 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	cfg.Log = slog.New(egress.NewSlogHandler(cfg.Log.Handler(), red))
 	al := audit.New(st, red, cfg.Log)
+	meter, err := usage.New(ctx, st, usage.Config{Log: cfg.Log})
+	if err != nil {
+		al.Close()
+		st.Close()
+		return nil, err
+	}
 	reg := registry.New(st, registry.Config{Dir: filepath.Join(cfg.DataDir, "template-versions"), IDBase: ids.Base, Audit: al, Log: cfg.Log})
 	if err := ensureBase(ctx, cfg, reg); err != nil {
 		al.Close()
@@ -415,14 +425,28 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			}
 			return len(vs), used, size, nil
 		},
+		Usage: func(ctx context.Context) (map[string]metrics.TeamUsage, error) {
+			totals, err := meter.TeamTotals(ctx)
+			out := make(map[string]metrics.TeamUsage, len(totals))
+			for team, t := range totals {
+				out[team] = metrics.TeamUsage{CPUSeconds: t.CPUSeconds, MemoryGiBSeconds: t.MemoryGiBSeconds, SandboxSeconds: t.SandboxSeconds,
+					EgressBytes: t.EgressBytesUp + t.EgressBytesDown, Commands: t.Commands}
+			}
+			return out, err
+		},
 	})
-	al.Observe(met.Event)
+	al.Observe(func(ev *store.Event) {
+		met.Event(ev)
+		if ev.Kind == "sandbox.ended" {
+			meter.Kick() // its last amounts reach the store soon
+		}
+	})
 	var gw *gateway.Gateway
 	var sum *egress.Summarizer
 	if !cfg.NoNetwork {
 		sum = egress.NewSummarizer(egress.SummaryConfig{Interval: cfg.RefusalInterval, After: cfg.RefusalEvents, Log: cfg.Log,
 			OnSummary: func(s egress.Summary) { al.Record(s.Sandbox, "egress.summary", summaryData(s)) }})
-		gw, err = openGateway(cfg, al, sum)
+		gw, err = openGateway(cfg, al, sum, meter)
 		if err != nil {
 			// Sandboxes without a network still work; asking for one
 			// fails with a clear error.
@@ -446,13 +470,19 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		PrivatePorts: cfg.PortsDefault == "private",
 		Governor:     gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: volSvc, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
-		IDBase: ids.Base,
+		IDBase: ids.Base, OnCommand: meter.Command,
 	}
 	if gw != nil { // a nil *Gateway in the interface would not be nil
 		mcfg.Gateway = gw
 	}
 	mgr = sandbox.New(mcfg, st, drv, reg, cfg.Log)
-	wd = watchdog.New(cfg.Watchdog, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
+	wcfg := cfg.Watchdog
+	if hook := wcfg.OnSample; hook != nil {
+		wcfg.OnSample = func(id string, smp watchdog.Sample) { meter.Sample(id, smp); hook(id, smp) }
+	} else {
+		wcfg.OnSample = meter.Sample
+	}
+	wd = watchdog.New(wcfg, mgr, mgr.OnWatchdogEvent, mgr.OnRunaway)
 	mgr.SetWatchdog(wd)
 	wctx, wcancel := context.WithCancel(context.Background())
 	go wd.Run(wctx)
@@ -484,9 +514,11 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	rdone := make(chan struct{})
 	go func() { defer close(rdone); al.RunRetention(rctx, cfg.AuditRetention) }()
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
-		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey, Templates: reg, Volumes: volSvc}, mgr, st, cfg.Log)
+		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey, Templates: reg, Volumes: volSvc,
+		Usage: meter}, mgr, st, cfg.Log)
+	meter.Start()
 	return &Server{cfg: cfg, Store: st, Manager: mgr, Volumes: volSvc, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
-		Redactor: red, Governor: gov, Watchdog: wd, stopWatchdog: wcancel, templates: reg, summary: sum,
+		Redactor: red, Governor: gov, Watchdog: wd, Usage: meter, stopWatchdog: wcancel, templates: reg, summary: sum,
 		stopRetention: func() { rcancel(); <-rdone }}, nil
 }
 
@@ -504,7 +536,7 @@ func instanceTag(dataDir string) string {
 
 // openGateway starts the network gateway: egress CA, resolver, listeners
 // and the nftables table.
-func openGateway(cfg Config, al *audit.Log, sum *egress.Summarizer) (*gateway.Gateway, error) {
+func openGateway(cfg Config, al *audit.Log, sum *egress.Summarizer, meter *usage.Meter) (*gateway.Gateway, error) {
 	dir := filepath.Join(cfg.DataDir, "net")
 	ca, err := egress.LoadOrCreateCA(filepath.Join(cfg.DataDir, "ca"))
 	if err != nil {
@@ -532,7 +564,12 @@ func openGateway(cfg Config, al *audit.Log, sum *egress.Summarizer) (*gateway.Ga
 	return gateway.New(gateway.Config{
 		Range: cfg.NetworkRange, Instance: instanceTag(cfg.DataDir), Dir: dir,
 		Resolver: resolver, CA: ca, UpstreamRoots: roots, Log: cfg.Log,
-		OnEvent: func(ev egress.Event) { al.Record(ev.Sandbox, eventKind(ev), eventData(ev)) },
+		// Every egress event is metered and recorded: the usage's egress
+		// bytes are the sum of the audit log's egress records.
+		OnEvent: func(ev egress.Event) {
+			meter.Egress(ev.Sandbox, ev.BytesUp, ev.BytesDown)
+			al.Record(ev.Sandbox, eventKind(ev), eventData(ev))
+		},
 		Summary: sum,
 	})
 }
@@ -553,6 +590,9 @@ func (s *Server) Close(ctx context.Context) error {
 	s.summary.Close() // the last windows' summaries, before the log closes
 	s.Audit.Record("", "server.stopped", map[string]any{"kill_on_shutdown": s.cfg.KillOnShutdown})
 	s.Audit.Close()
+	if err := s.Usage.Close(); err != nil { // the last amounts, before the store closes
+		errs = append(errs, fmt.Errorf("usage: %w", err))
+	}
 	_ = os.Remove(filepath.Join(s.cfg.DataDir, "server.running"))
 	if err := s.Store.Close(); err != nil {
 		errs = append(errs, err)

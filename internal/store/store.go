@@ -155,7 +155,7 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
 	}
-	if _, err := db.Exec(`CREATE INDEX IF NOT EXISTS events_task ON events(task_id, id)` + `;` + appendOnlyDelete); err != nil {
+	if _, err := db.Exec(`CREATE INDEX IF NOT EXISTS events_task ON events(task_id, id)` + `;` + appendOnlyDelete + usageSchema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
 	}

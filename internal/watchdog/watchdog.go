@@ -159,6 +159,11 @@ type Config struct {
 	StatsTimeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// OnSample, when set, receives every sample as it is recorded (the
+	// usage meter integrates them). It is called with the watchdog's lock
+	// held, so that a sample is seen by OnSample exactly when Latest and
+	// Series return it; it must be quick and must not call the watchdog.
+	OnSample func(sandbox string, s Sample)
 }
 
 // Event is something the watchdog noticed.
@@ -404,21 +409,9 @@ func (w *Watchdog) readOne(id string) reading {
 // observe records a reading of t and applies the rules. It returns the
 // events to deliver and whether onRunaway must be called. w.mu is held.
 func (w *Watchdog) observe(t Target, r reading) ([]Event, bool) {
-	st := w.state[t.ID]
-	if st == nil {
-		st = &sandboxState{ring: make([]Sample, w.cfg.History)}
-		w.state[t.ID] = st
-	}
-	prev, hasPrev := st.latest()
-
-	s := Sample{
-		Time:           r.time,
-		CPUSeconds:     r.stats.CPUSeconds,
-		CPUWaitSeconds: r.stats.CPUWaitSeconds,
-		MemoryBytes:    r.stats.MemoryBytes,
-		DiskBytes:      r.stats.DiskBytes,
-		Pids:           r.stats.Pids,
-		OOMKills:       r.stats.OOMKills,
+	st, s, prev, hasPrev, ok := w.record(t.ID, r)
+	if !ok {
+		return nil, false
 	}
 	var newKills uint64
 	switch {
@@ -426,23 +419,11 @@ func (w *Watchdog) observe(t Target, r reading) ([]Event, bool) {
 		// The first reading has no baseline for CPU; OOM kills counted
 		// before it happened while nobody watched, so they are reported.
 		newKills = s.OOMKills
+	case s.OOMKills >= prev.OOMKills:
+		newKills = s.OOMKills - prev.OOMKills
 	default:
-		if dt := s.Time.Sub(prev.Time).Seconds(); dt <= 0 {
-			s.CPUPercent, s.DemandPercent = prev.CPUPercent, prev.DemandPercent
-		} else if dc := s.CPUSeconds - prev.CPUSeconds; dc >= 0 {
-			s.CPUPercent = dc / dt * 100
-			s.DemandPercent = s.CPUPercent
-			if dw := s.CPUWaitSeconds - prev.CPUWaitSeconds; dw > 0 {
-				s.DemandPercent += dw / dt * 100
-			}
-		} // else the counter went backwards (new cgroup): no baseline, 0.
-		if s.OOMKills >= prev.OOMKills {
-			newKills = s.OOMKills - prev.OOMKills
-		} else {
-			newKills = s.OOMKills
-		}
+		newKills = s.OOMKills
 	}
-	st.push(s)
 
 	var events []Event
 	if newKills > 0 {
@@ -489,6 +470,63 @@ func (w *Watchdog) observe(t Target, r reading) ([]Event, bool) {
 		ran = true
 	}
 	return events, ran
+}
+
+// record makes the sample of reading r of sandbox id, pushes it to the
+// sandbox's history and hands it to OnSample; w.mu is held. A reading
+// older than the newest sample (one read before a Final reading but
+// recorded after it) is dropped: ok is false.
+func (w *Watchdog) record(id string, r reading) (st *sandboxState, s, prev Sample, hasPrev, ok bool) {
+	st = w.state[id]
+	if st == nil {
+		st = &sandboxState{ring: make([]Sample, w.cfg.History)}
+		w.state[id] = st
+	}
+	prev, hasPrev = st.latest()
+	if hasPrev && r.time.Before(prev.Time) {
+		return st, s, prev, hasPrev, false
+	}
+	s = Sample{
+		Time:           r.time,
+		CPUSeconds:     r.stats.CPUSeconds,
+		CPUWaitSeconds: r.stats.CPUWaitSeconds,
+		MemoryBytes:    r.stats.MemoryBytes,
+		DiskBytes:      r.stats.DiskBytes,
+		Pids:           r.stats.Pids,
+		OOMKills:       r.stats.OOMKills,
+	}
+	if hasPrev {
+		if dt := s.Time.Sub(prev.Time).Seconds(); dt <= 0 {
+			s.CPUPercent, s.DemandPercent = prev.CPUPercent, prev.DemandPercent
+		} else if dc := s.CPUSeconds - prev.CPUSeconds; dc >= 0 {
+			s.CPUPercent = dc / dt * 100
+			s.DemandPercent = s.CPUPercent
+			if dw := s.CPUWaitSeconds - prev.CPUWaitSeconds; dw > 0 {
+				s.DemandPercent += dw / dt * 100
+			}
+		} // else the counter went backwards (new cgroup): no baseline, 0.
+	}
+	st.push(s)
+	if w.cfg.OnSample != nil {
+		w.cfg.OnSample(id, s)
+	}
+	return st, s, prev, hasPrev, true
+}
+
+// Final records stats, the last reading of a sandbox that is about to
+// be stopped (the caller reads them: the Source no longer lists an
+// ending sandbox), outside the rounds, so that what it used since the
+// previous round is in its samples and reaches OnSample (the usage meter
+// bills up to the end, not to the last round). No rule is applied to
+// it. It may be called from onRunaway.
+func (w *Watchdog) Final(id string, stats runtime.Stats) {
+	r := reading{ok: true, stats: stats, time: stats.Time}
+	if r.time.IsZero() {
+		r.time = w.cfg.Now()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.record(id, r)
 }
 
 // runawayFor returns the runaway duration for a tier; ok is false when the

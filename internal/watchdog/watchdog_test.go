@@ -677,3 +677,64 @@ func TestDemandPercent(t *testing.T) {
 		t.Errorf("sample = %+v; want demand = CPU at the clock's time", got)
 	}
 }
+
+// TestOnSampleSeesEverySample checks the usage meter's feed: OnSample
+// receives every recorded sample, in order, with the values Series
+// returns, and nothing for a sandbox whose Stats failed. A sample the
+// meter missed would be CPU and memory nobody is billed for.
+func TestOnSampleSeesEverySample(t *testing.T) {
+	clk := newClock()
+	src := newSource(Target{ID: "a"}, Target{ID: "b"})
+	src.errs["b"] = errors.New("gone")
+	var got []Sample
+	w := New(Config{Now: clk.Now, OnSample: func(id string, s Sample) {
+		if id != "a" {
+			t.Errorf("OnSample for %s, whose Stats failed", id)
+		}
+		got = append(got, s)
+	}}, src, nil, nil)
+	for i := range 5 {
+		src.mu.Lock()
+		src.stats["a"] = runtime.Stats{CPUSeconds: float64(i) * 0.5, MemoryBytes: int64(i+1) << 20}
+		src.mu.Unlock()
+		w.Tick()
+		clk.Advance(time.Second)
+	}
+	series := w.Series("a", time.Time{})
+	if len(got) != 5 || !slices.Equal(got, series) {
+		t.Fatalf("OnSample got %+v, Series %+v: want the same 5 samples", got, series)
+	}
+}
+
+// TestFinalReadingAndStaleReadings checks the end-of-sandbox reading:
+// Final records a sample (and hands it to OnSample) outside the rounds,
+// without applying rules, and a reading older than the newest sample (a
+// round that read the counters before Final but records after it) is
+// dropped. Without Final, what a sandbox used after the last round is
+// never sampled (nor billed); without the drop, the older reading would
+// look like a counter reset to the usage meter and be billed twice.
+func TestFinalReadingAndStaleReadings(t *testing.T) {
+	clk := newClock()
+	src := newSource(Target{ID: "a", MemoryBytes: 100})
+	var got []Sample
+	var events []Event
+	w := New(Config{Now: clk.Now, OnSample: func(_ string, s Sample) { got = append(got, s) }}, src,
+		func(e Event) { events = append(events, e) }, nil)
+	base := clk.Now()
+	src.stats["a"] = runtime.Stats{Time: base, CPUSeconds: 1, MemoryBytes: 10}
+	w.Tick()
+	w.Final("a", runtime.Stats{Time: base.Add(500 * time.Millisecond), CPUSeconds: 1.4, MemoryBytes: 95})
+	if len(got) != 2 || got[1].CPUSeconds != 1.4 || !got[1].Time.Equal(base.Add(500*time.Millisecond)) {
+		t.Fatalf("after Final, OnSample got %+v", got)
+	}
+	if len(events) != 0 {
+		t.Fatalf("Final applied rules: %+v", events)
+	}
+	src.mu.Lock()
+	src.stats["a"] = runtime.Stats{Time: base.Add(400 * time.Millisecond), CPUSeconds: 1.3, MemoryBytes: 10}
+	src.mu.Unlock()
+	w.Tick()
+	if len(got) != 2 || len(w.Series("a", time.Time{})) != 2 {
+		t.Fatalf("a stale reading was recorded: %+v", got)
+	}
+}
