@@ -337,6 +337,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := keepInheritedFDs(); err != nil {
+		return nil, fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
