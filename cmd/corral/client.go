@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,7 +27,7 @@ type clientGlobals struct {
 // addClientCommands registers the client commands (run, sandbox).
 func addClientCommands(root *cobra.Command) {
 	g := &clientGlobals{}
-	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g), newSecretCmd(g), newAuditCmd(g), newTaskCmd(g), newDrillCmd(g), newSnapshotCmd(g), newPoolCmd(g), newTemplateCmd(g), newVolumeCmd(g), newKeyCmd(g), newUsageCmd(g)} {
+	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g), newSecretCmd(g), newAuditCmd(g), newTaskCmd(g), newDrillCmd(g), newSnapshotCmd(g), newPoolCmd(g), newTemplateCmd(g), newVolumeCmd(g), newKeyCmd(g), newUsageCmd(g), newMCPCmd(g)} {
 		pf := c.PersistentFlags()
 		pf.StringVar(&g.server, "server", "", "corral server URL (env CORRAL_URL, default "+corral.DefaultURL+")")
 		pf.StringVar(&g.apiKey, "api-key", "", "API key (env CORRAL_API_KEY, else DATA/admin.key for a local server)")
@@ -70,24 +71,34 @@ func (e trimmedError) Unwrap() error { return e.err }
 
 // client builds the SDK client from the flags and the environment.
 func (g *clientGlobals) client() (*corral.Client, error) {
-	server := firstNonEmpty(g.server, os.Getenv("CORRAL_URL"), corral.DefaultURL)
-	key := firstNonEmpty(g.apiKey, os.Getenv("CORRAL_API_KEY"))
-	if key == "" {
-		var err error
-		key, err = corral.LocalAdminKey(server, firstNonEmpty(g.dataDir, os.Getenv("CORRAL_DATA")))
-		if err != nil {
-			return nil, err
-		}
+	server, key, roots, err := g.endpoint()
+	if err != nil {
+		return nil, err
 	}
 	opts := []corral.Option{corral.WithUserAgent("corral-cli")}
-	if f := os.Getenv(corral.CAFileEnv); f != "" {
-		pool, err := corral.LoadCAFile(f)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, corral.WithRootCAs(pool))
+	if roots != nil {
+		opts = append(opts, corral.WithRootCAs(roots))
 	}
 	return corral.New(server, key, opts...), nil
+}
+
+// endpoint resolves the server URL, the API key and the CAs to trust
+// (nil: the system's) from the flags and the environment.
+func (g *clientGlobals) endpoint() (server, key string, roots *x509.CertPool, err error) {
+	server = firstNonEmpty(g.server, os.Getenv("CORRAL_URL"), corral.DefaultURL)
+	key = firstNonEmpty(g.apiKey, os.Getenv("CORRAL_API_KEY"))
+	if key == "" {
+		key, err = corral.LocalAdminKey(server, firstNonEmpty(g.dataDir, os.Getenv("CORRAL_DATA")))
+		if err != nil {
+			return "", "", nil, err
+		}
+	}
+	if f := os.Getenv(corral.CAFileEnv); f != "" {
+		if roots, err = corral.LoadCAFile(f); err != nil {
+			return "", "", nil, err
+		}
+	}
+	return server, key, roots, nil
 }
 
 func firstNonEmpty(v ...string) string {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/corralhq/corral/proto/agentproto"
+	"github.com/corralhq/corral/proto/filesystem/filesystemconnect"
 	"github.com/corralhq/corral/proto/process/processconnect"
 )
 
@@ -129,6 +130,13 @@ func (c *Cache) Drop(id string) {
 	if ok {
 		hc.CloseIdleConnections()
 	}
+}
+
+// Filesystem returns a client of the agent's filesystem service over hc
+// with every reply bounded (NewFilesystemClient) and unary calls bounded
+// by CallTimeout.
+func Filesystem(hc *http.Client) filesystemconnect.FilesystemClient {
+	return NewFilesystemClient(hc, BaseURL, CallTimeout)
 }
 
 // Process returns a client of the agent's process service over hc with

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/corralhq/corral/proto/filesystem/filesystemconnect"
 	"github.com/corralhq/corral/proto/process/processconnect"
 )
 
@@ -57,6 +58,19 @@ func NewProcessClient(hc *http.Client, baseURL string, timeout time.Duration) pr
 		connect.WithSendMaxBytes(maxSend),
 		// Accept no compression: nothing is decompressed, and an agent
 		// on a unix socket gains nothing from it.
+		connect.WithAcceptCompression("gzip", nil, nil),
+		connect.WithInterceptors(unaryDeadline(timeout)),
+	)
+}
+
+// NewFilesystemClient returns a filesystem.Filesystem client over hc with
+// the bounds of NewProcessClient (a fake agent's reply cannot cost more
+// than MaxMessage, nothing is decompressed, unary calls get timeout).
+func NewFilesystemClient(hc *http.Client, baseURL string, timeout time.Duration) filesystemconnect.FilesystemClient {
+	bounded := &http.Client{Transport: boundedReplies{next: hc.Transport}}
+	return filesystemconnect.NewFilesystemClient(bounded, baseURL,
+		connect.WithReadMaxBytes(MaxMessage),
+		connect.WithSendMaxBytes(maxSend),
 		connect.WithAcceptCompression("gzip", nil, nil),
 		connect.WithInterceptors(unaryDeadline(timeout)),
 	)

@@ -141,6 +141,11 @@ func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	if f.internalError {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
+	s.writeFailure(w, r, f)
+}
+
+// writeFailure answers a classified failure in the native shape.
+func (s *Server) writeFailure(w http.ResponseWriter, r *http.Request, f apiFailure) {
 	if f.capacity != nil {
 		setRetryAfter(w, f.capacity)
 		writeJSON(w, f.status, apiError{Code: f.code, Message: f.msg})

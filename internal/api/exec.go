@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
 	"net/http"
@@ -97,10 +98,6 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	if s.mgr.Paused(id) {
-		s.writeErr(w, r, sandbox.ErrConflict)
-		return
-	}
 	lifetime := sb.CommandTimeout
 	if req.Timeout != nil {
 		if *req.Timeout < 0 || *req.Timeout > float64(sandbox.MaxCommandTimeout/time.Second) {
@@ -109,20 +106,35 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 		lifetime = time.Duration(*req.Timeout * float64(time.Second))
 	}
-	began := time.Now()
-	p, err := s.mgr.StartProcess(r.Context(), id, start, req.User, lifetime)
+	resp, err := s.runProcess(r.Context(), id, start, stdin, req.User, lifetime, s.cfg.MaxOutput)
 	if err != nil {
 		s.writeAgentErr(w, r, err)
 		return
 	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// runProcess runs one command in running sandbox id to its end (a tool
+// call of the sandbox's task, through StartProcess), feeding it stdin
+// when given and keeping the last maxOutput bytes of stdout and of
+// stderr. It is the one path of REST exec and of the tools' commands.
+// Its errors are the agent's or the governor's (see agentFailure).
+func (s *Server) runProcess(ctx context.Context, id string, start *process.StartRequest, stdin []byte, user string, lifetime time.Duration, maxOutput int) (*execResponse, error) {
+	if s.mgr.Paused(id) {
+		return nil, sandbox.ErrConflict
+	}
+	began := time.Now()
+	p, err := s.mgr.StartProcess(ctx, id, start, user, lifetime)
+	if err != nil {
+		return nil, err
+	}
 	defer p.Close()
-	resp := execResponse{}
-	stdout, stderr := &output.Tail{Max: s.cfg.MaxOutput}, &output.Tail{Max: s.cfg.MaxOutput}
+	resp := &execResponse{}
+	stdout, stderr := &output.Tail{Max: maxOutput}, &output.Tail{Max: maxOutput}
 	for {
 		msg, err := p.Receive()
 		if isCallerError(err) || errors.Is(err, agentclient.ErrReply) {
-			s.writeAgentErr(w, r, err)
-			return
+			return nil, err
 		}
 		if err != nil || msg == nil {
 			// The stream broke: if the sandbox died under the command (at
@@ -131,21 +143,19 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 			// (gVisor's sentry in particular); the agent is the sandbox's
 			// init, so a broken stream from a live sandbox is rare and the
 			// wait is only spent then.
-			if reason, dead := s.mgr.EndIfDead(r.Context(), id, 15*time.Second); dead {
+			if reason, dead := s.mgr.EndIfDead(ctx, id, 15*time.Second); dead {
 				resp.ExitCode, resp.EndReason = 137, reason
 				break
 			}
 			if err == nil {
 				err = errors.New("stream ended without a result")
 			}
-			s.writeAgentErr(w, r, err)
-			return
+			return nil, err
 		}
 		ev := msg.GetEvent()
 		if st := ev.GetStart(); st != nil && len(stdin) > 0 {
-			if err := s.feedStdin(r, id, st.GetPid(), stdin); err != nil {
-				s.writeAgentErr(w, r, err)
-				return
+			if err := s.feedStdin(ctx, id, st.GetPid(), stdin); err != nil {
+				return nil, err
 			}
 		}
 		if d := ev.GetData(); d != nil {
@@ -165,15 +175,15 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	resp.DurationMS = time.Since(began).Milliseconds()
 	p.Close() // records the end, so that the governor's verdict is known
 	resp.Warnings = p.Warnings()
-	writeJSON(w, http.StatusOK, resp)
+	return resp, nil
 }
 
-func (s *Server) feedStdin(r *http.Request, id string, pid uint32, data []byte) error {
+func (s *Server) feedStdin(ctx context.Context, id string, pid uint32, data []byte) error {
 	pc := s.mgr.ProcessClient(id)
 	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
 	for len(data) > 0 {
 		n := min(len(data), 64<<10)
-		_, err := pc.SendInput(r.Context(), connect.NewRequest(&process.SendInputRequest{
+		_, err := pc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{
 			Process: sel, Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: data[:n]}},
 		}))
 		if err != nil {
@@ -181,7 +191,7 @@ func (s *Server) feedStdin(r *http.Request, id string, pid uint32, data []byte) 
 		}
 		data = data[n:]
 	}
-	_, err := pc.CloseStdin(r.Context(), connect.NewRequest(&process.CloseStdinRequest{Process: sel}))
+	_, err := pc.CloseStdin(ctx, connect.NewRequest(&process.CloseStdinRequest{Process: sel}))
 	return err
 }
 
@@ -234,41 +244,46 @@ func isCallerError(err error) bool {
 	return false
 }
 
-// writeAgentErr maps errors from the agent: caller mistakes keep their
-// meaning, a vanished sandbox is 404, anything else 503.
+// writeAgentErr answers an error of a call into sandbox r's {id} (see
+// agentFailure).
 func (s *Server) writeAgentErr(w http.ResponseWriter, r *http.Request, err error) {
+	s.writeFailure(w, r, s.agentFailure(r.Context(), r.PathValue("id"), err))
+}
+
+// agentFailure maps errors of a call into sandbox id's agent: caller
+// mistakes keep their meaning, a tripped task its breaker's code, a
+// vanished sandbox is 404 (or its task's refusal, when a brake stopped
+// it), anything else 503.
+func (s *Server) agentFailure(ctx context.Context, id string, err error) apiFailure {
 	var trip *govern.TripError
 	if errors.As(err, &trip) {
-		s.writeErr(w, r, err)
-		return
+		return classify(err)
 	}
 	if errors.Is(err, agentclient.ErrReply) {
 		// The message is ours (a size or an encoding), never the agent's.
-		s.log.Warn("agent reply refused", "sandbox", r.PathValue("id"), "err", err)
-		writeError(w, http.StatusBadGateway, CodeAgentReply, agentReplyMessage(err))
-		return
+		s.log.Warn("agent reply refused", "sandbox", id, "err", err)
+		return apiFailure{status: http.StatusBadGateway, code: CodeAgentReply, msg: agentReplyMessage(err)}
 	}
 	if ce := new(connect.Error); errorsAs(err, &ce) {
 		switch ce.Code() {
 		case connect.CodeInvalidArgument, connect.CodeUnauthenticated, connect.CodeNotFound:
-			writeError(w, http.StatusBadRequest, CodeInvalidArgument, ce.Message())
-			return
+			return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: ce.Message()}
 		}
 	}
-	if !s.mgr.Running(r.PathValue("id")) {
-		if berr := s.mgr.BrakeError(r.Context(), r.PathValue("id")); berr != nil {
-			s.writeErr(w, r, berr)
-			return
+	if f := classify(err); !f.internalError && !errors.Is(err, sandbox.ErrNotFound) {
+		return f // a refusal of ours (a paused sandbox, a bad argument)
+	}
+	if !s.mgr.Running(id) {
+		if berr := s.mgr.BrakeError(ctx, id); berr != nil {
+			return classify(berr)
 		}
-		writeError(w, http.StatusNotFound, CodeNotFound, "sandbox not found (it ended)")
-		return
+		return apiFailure{status: http.StatusNotFound, code: CodeNotFound, msg: "sandbox not found (it ended)"}
 	}
 	if err == sandbox.ErrNotFound {
-		s.writeErr(w, r, err)
-		return
+		return classify(err)
 	}
-	s.log.Warn("agent call failed", "sandbox", r.PathValue("id"), "err", err)
-	writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the sandbox's agent did not answer")
+	s.log.Warn("agent call failed", "sandbox", id, "err", err)
+	return apiFailure{status: http.StatusServiceUnavailable, code: CodeUnavailable, msg: "the sandbox's agent did not answer"}
 }
 
 // agentReplyMessage is the part of an agentclient.ErrReply error that the

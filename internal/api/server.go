@@ -76,6 +76,8 @@ type Server struct {
 	streams *streamLimit
 	// handler is the routing with the progress deadlines around it.
 	handler http.Handler
+	// mcp holds the MCP sessions' state (mcp.go).
+	mcp *mcpSessions
 
 	cpuMu sync.Mutex
 	// cpuPrev holds the previous metrics sample per sandbox; guarded by cpuMu.
@@ -167,6 +169,8 @@ func (s *Server) routes() {
 	s.mux.Handle("POST /v1/keys", s.admin(s.createKey))
 	s.mux.Handle("GET /v1/keys", s.admin(s.listKeys))
 	s.mux.Handle("DELETE /v1/keys/{id}", s.admin(s.revokeKey))
+	s.toolRoutes()
+	s.mcpRoutes()
 	s.e2bRoutes()
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path)
