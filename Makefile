@@ -9,7 +9,7 @@ LISTEN   ?= 127.0.0.1:7420
 # Debian packages the server and the tests need.
 DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates
 
-.PHONY: run test build deps e2b-deps vet bench proto clean
+.PHONY: run test build deps e2b-deps mcp-deps vet bench proto clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/corral
@@ -29,6 +29,13 @@ e2b-deps:
 	@test -d test/e2b/node_modules/e2b && cmp -s test/e2b/package-lock.json test/e2b/node_modules/.package-lock.json.src 2>/dev/null || \
 		{ npm ci --prefix test/e2b --no-audit --no-fund --loglevel=error && cp test/e2b/package-lock.json test/e2b/node_modules/.package-lock.json.src; }
 
+# The official MCP TypeScript SDK (npm, pinned in test/mcp/package-lock.json)
+# for the MCP client tests (TestMCPTypeScript).
+mcp-deps:
+	@command -v node >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+	@test -d test/mcp/node_modules/@modelcontextprotocol/sdk && cmp -s test/mcp/package-lock.json test/mcp/node_modules/.package-lock.json.src 2>/dev/null || \
+		{ npm ci --prefix test/mcp --no-audit --no-fund --loglevel=error && cp test/mcp/package-lock.json test/mcp/node_modules/.package-lock.json.src; }
+
 run: deps build
 	$(BIN) serve --listen $(LISTEN) --data $(DATA)
 
@@ -36,7 +43,7 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
-test: deps e2b-deps build vet
+test: deps e2b-deps mcp-deps build vet
 	$(GO) test -count=1 -timeout 45m ./...
 
 bench: deps build

@@ -18,7 +18,8 @@ import (
 
 // The MCP endpoint's defaults (docs/mcp.md).
 const (
-	// MCPPath is the streamable-HTTP MCP endpoint.
+	// MCPPath is the streamable-HTTP MCP endpoint (registered as "/mcp"
+	// in mcpRoutes).
 	MCPPath = "/mcp"
 	// MCPTaskHeader names, on the requests of an MCP session, the task
 	// its tool calls count against (without it, the session makes a task
@@ -74,7 +75,14 @@ func (s *Server) mcpRoutes() {
 		}
 		return &auth.TokenInfo{UserID: id.principal(), Expiration: time.Now().Add(time.Hour)}, nil
 	}, nil)(h)
-	s.mux.Handle(MCPPath, s.auth(func(w http.ResponseWriter, r *http.Request) {
+	s.mux.Handle("/mcp", s.auth(s.mcpEndpoint(owned)))
+}
+
+// mcpEndpoint serves an authenticated request of the MCP endpoint: a
+// Corral-Task it names must be a task the caller sees (404 otherwise),
+// and is carried to the session in the request's context.
+func (s *Server) mcpEndpoint(next http.Handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		if task := r.Header.Get(MCPTaskHeader); task != "" {
 			if err := s.visible(r, taskObject, task); err != nil {
@@ -91,8 +99,8 @@ func (s *Server) mcpRoutes() {
 		// The SDK's session-owner check reads a bearer token; the key was
 		// checked already (X-API-Key or Bearer), the verifier ignores it.
 		r.Header.Set("Authorization", "Bearer checked")
-		owned.ServeHTTP(w, r)
-	}))
+		next.ServeHTTP(w, r)
+	}
 }
 
 // mcpTool is the MCP handler of tool name: one tools.Call in the
