@@ -75,7 +75,9 @@ func (s *Server) mcpRoutes() {
 		}
 		return &auth.TokenInfo{UserID: id.principal(), Expiration: time.Now().Add(time.Hour)}, nil
 	}, nil)(h)
-	s.mux.Handle("/mcp", s.auth(s.mcpEndpoint(owned)))
+	// Each request holds a stream of the key while it lasts (a tool
+	// call, the SDK's standalone event stream): --max-streams-per-key.
+	s.mux.Handle("/mcp", s.auth(s.streamed(s.mcpEndpoint(owned))))
 }
 
 // mcpEndpoint serves an authenticated request of the MCP endpoint: a
@@ -136,7 +138,8 @@ type mcpSession struct {
 	mu sync.Mutex
 	// current is the sandbox calls without sandbox_id use ("" none yet).
 	current string
-	// made are the sandboxes the session made, killed when it ends.
+	// made are the sandboxes the session made, killed when it ends; true
+	// for one whose lifetime every call renews (no timeout was asked).
 	made map[string]bool
 	// ended: the session is over; no sandbox is made any more.
 	ended bool
@@ -208,9 +211,9 @@ func (st *mcpSession) Sandbox(ctx context.Context, named string, use tools.Use) 
 		return "", false, nil, &tools.Error{Code: CodeNotFound, Msg: "the MCP session has ended"}
 	}
 	id := named
-	switch {
+	switch _, ours := st.made[named]; {
 	case named != "":
-		if !st.made[named] {
+		if !ours {
 			// A sandbox of the session's task (and so of its team) that
 			// another session or the API made.
 			sb, err := st.s.mgr.Get(ctx, named)
@@ -230,10 +233,9 @@ func (st *mcpSession) Sandbox(ctx context.Context, named string, use tools.Use) 
 		st.current, st.made[sb.SandboxID] = sb.SandboxID, true
 		id = sb.SandboxID
 	}
-	renew := st.made[id] && st.ttl > 0
+	renew := st.made[id] && st.ttl > 0 // a kill_sandbox may end it first
 	return id, true, func() {
 		if renew {
-			// A kill_sandbox has ended it, or it is gone: nothing to renew.
 			_, _ = st.s.mgr.ExtendTimeout(context.WithoutCancel(ctx), id, st.ttl)
 		}
 	}, nil
@@ -249,7 +251,7 @@ func (st *mcpSession) CreateSandbox(ctx context.Context, req tools.SandboxReques
 	if err != nil {
 		return nil, err
 	}
-	st.current, st.made[sb.SandboxID] = sb.SandboxID, true
+	st.current, st.made[sb.SandboxID] = sb.SandboxID, req.Timeout == 0
 	return sb, nil
 }
 
