@@ -81,7 +81,7 @@ for (const kind of Object.keys(transports)) {
     for (const t of tools) assert.equal(t.inputSchema.type, "object", t.name);
 
     let res = await client.callTool({ name: "run_code", arguments: { code: "print(2**10)" } });
-    assert.equal(res.isError, false, text(res));
+    assert.ok(!res.isError, text(res));
     assert.equal(res.structuredContent.stdout, "1024\n");
     assert.equal(res.structuredContent.exit_code, 0);
     assert.equal(typeof res.structuredContent.duration_ms, "number");
@@ -95,7 +95,7 @@ for (const kind of Object.keys(transports)) {
     assert.equal(res.structuredContent.sandbox_id, id);
 
     res = await client.callTool({ name: "write_file", arguments: { path: "/tmp/ts.txt", content: "from typescript" } });
-    assert.equal(res.isError, false, text(res));
+    assert.ok(!res.isError, text(res));
     res = await client.callTool({ name: "read_file", arguments: { path: "/tmp/ts.txt" } });
     assert.equal(res.structuredContent.content, "from typescript");
     res = await client.callTool({ name: "list_files", arguments: { path: "/tmp" } });
@@ -114,7 +114,7 @@ for (const kind of Object.keys(transports)) {
     const { client, end } = await connect(kind, task);
     for (let i = 0; i < 2; i++) {
       const res = await client.callTool({ name: "run_command", arguments: { command: `echo ${i}` } });
-      assert.equal(res.isError, false, text(res));
+      assert.ok(!res.isError, text(res));
     }
     const res = await client.callTool({ name: "run_code", arguments: { code: "print('must not run')" } });
     assert.equal(res.isError, true);
