@@ -113,3 +113,48 @@ func TestToolCallScoped(t *testing.T) {
 		t.Errorf("alpha's task counted %d calls of beta's", task.Usage.Calls)
 	}
 }
+
+// TestMCPSessionEndKillsSandbox defends against an MCP session's sandbox
+// outliving the session (a client that goes away must not leave
+// sandboxes running until their TTL): the session's sandbox, made by its
+// first call, has ended once the client closes the session, and the task
+// the session made has ended with it. (test/integration's TestMCPGoClient
+// checks the same with real sandboxes.)
+func TestMCPSessionEndKillsSandbox(t *testing.T) {
+	e := newTeamEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	s, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: e.srv.URL + "/mcp",
+		HTTPClient: &http.Client{Transport: keyTransport{key: keyAlpha}}, DisableStandaloneSSE: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "run_command", Arguments: map[string]any{"command": "echo hi"}})
+	if err != nil || res.IsError {
+		t.Fatalf("run_command: %v %+v", err, res)
+	}
+	out := res.StructuredContent.(map[string]any)
+	id, _ := out["sandbox_id"].(string)
+	if out["stdout"] != "hi\n" || id == "" {
+		t.Fatalf("run_command: %v", out)
+	}
+	var sb struct{ State, Task string }
+	if e.call("GET", "/v1/sandboxes/"+id, keyAlpha, nil, &sb); sb.State != "running" {
+		t.Fatalf("the session's sandbox is %q", sb.State)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for e.call("GET", "/v1/sandboxes/"+id, keyAlpha, nil, &sb); sb.State != "ended"; e.call("GET", "/v1/sandboxes/"+id, keyAlpha, nil, &sb) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox is %q after its session ended", sb.State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var task struct{ State string }
+	if e.call("GET", "/v1/tasks/"+sb.Task, keyAlpha, nil, &task); task.State != "ended" {
+		t.Errorf("the session's task is %q after the session", task.State)
+	}
+}
