@@ -130,7 +130,9 @@ func TestMCPGoClient(t *testing.T) {
 		t.Fatalf("tools %v, want %v", names, want)
 	}
 
+	began := time.Now()
 	st := mcpOK(t, s, "run_code", map[string]any{"code": "import sys\nprint(6*7)\nprint('err', file=sys.stderr)"})
+	t.Logf("first run_code (makes the session's sandbox): %v", time.Since(began))
 	id, _ := st["sandbox_id"].(string)
 	if st["stdout"] != "42\n" || st["stderr"] != "err\n" || st["exit_code"] != 0.0 || id == "" || st["truncated"] != false {
 		t.Fatalf("run_code: %v", st)
@@ -138,7 +140,9 @@ func TestMCPGoClient(t *testing.T) {
 	if _, ok := st["duration_ms"].(float64); !ok {
 		t.Fatalf("run_code without duration_ms: %v", st)
 	}
+	began = time.Now()
 	st = mcpOK(t, s, "run_command", map[string]any{"command": "echo made > made.txt; pwd; exit 3"})
+	t.Logf("run_command in the session's sandbox: %v", time.Since(began))
 	if st["sandbox_id"] != id || st["stdout"] != "/home/user\n" || st["exit_code"] != 3.0 {
 		t.Fatalf("run_command (same sandbox %s, exit 3): %v", id, st)
 	}
