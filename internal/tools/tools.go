@@ -53,8 +53,9 @@ const (
 	// MaxReadBytes bounds the content read_file returns (the head of the
 	// file; truncated says when there is more).
 	MaxReadBytes = 256 << 10
-	// MaxWriteBytes bounds the content of one write_file call.
-	MaxWriteBytes = 1 << 20
+	// MaxWriteBytes bounds the content of one write_file call (so that
+	// a call fits POST /v1/tools/call's 1 MiB body).
+	MaxWriteBytes = 512 << 10
 	// MaxListEntries bounds the entries list_files returns.
 	MaxListEntries = 1000
 	// MaxPath bounds a path argument.
