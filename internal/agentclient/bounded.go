@@ -52,28 +52,30 @@ func replyRefused(format string, args ...any) error {
 // a fake agent in a real sandbox, TestFakeAgentBomb are the regression
 // tests.
 func NewProcessClient(hc *http.Client, baseURL string, timeout time.Duration) processconnect.ProcessClient {
-	bounded := &http.Client{Transport: boundedReplies{next: hc.Transport}}
-	return processconnect.NewProcessClient(bounded, baseURL,
+	bounded, opts := boundedClient(hc, timeout)
+	return processconnect.NewProcessClient(bounded, baseURL, opts...)
+}
+
+// boundedClient is hc with every reply bounded and the Connect options
+// of every client of an agent: messages at most MaxMessage read and
+// maxSend sent, no compression accepted (nothing is decompressed, and an
+// agent on a unix socket gains nothing from it), unary calls given
+// timeout.
+func boundedClient(hc *http.Client, timeout time.Duration) (*http.Client, []connect.ClientOption) {
+	return &http.Client{Transport: boundedReplies{next: hc.Transport}}, []connect.ClientOption{
 		connect.WithReadMaxBytes(MaxMessage),
 		connect.WithSendMaxBytes(maxSend),
-		// Accept no compression: nothing is decompressed, and an agent
-		// on a unix socket gains nothing from it.
 		connect.WithAcceptCompression("gzip", nil, nil),
 		connect.WithInterceptors(unaryDeadline(timeout)),
-	)
+	}
 }
 
 // NewFilesystemClient returns a filesystem.Filesystem client over hc with
 // the bounds of NewProcessClient (a fake agent's reply cannot cost more
 // than MaxMessage, nothing is decompressed, unary calls get timeout).
 func NewFilesystemClient(hc *http.Client, baseURL string, timeout time.Duration) filesystemconnect.FilesystemClient {
-	bounded := &http.Client{Transport: boundedReplies{next: hc.Transport}}
-	return filesystemconnect.NewFilesystemClient(bounded, baseURL,
-		connect.WithReadMaxBytes(MaxMessage),
-		connect.WithSendMaxBytes(maxSend),
-		connect.WithAcceptCompression("gzip", nil, nil),
-		connect.WithInterceptors(unaryDeadline(timeout)),
-	)
+	bounded, opts := boundedClient(hc, timeout)
+	return filesystemconnect.NewFilesystemClient(bounded, baseURL, opts...)
 }
 
 // unaryDeadline gives unary calls a deadline of d unless they have one, so

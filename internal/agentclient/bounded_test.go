@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/corralhq/corral/proto/filesystem"
 	"github.com/corralhq/corral/proto/process"
 )
 
@@ -137,6 +138,43 @@ func TestAgentClientRefusesBombs(t *testing.T) {
 				t.Fatalf("the call allocated %d MiB (bound %d MiB)", n>>20, MaxMessage>>20)
 			}
 			t.Logf("%v; allocated %d KiB", err, n>>10)
+		})
+	}
+}
+
+// TestFilesystemClientRefusesBombs: the filesystem client (list_files of
+// the tools) refuses a fake agent's gzip bomb and oversized message as
+// the process client does, without inflating or reading them whole.
+func TestFilesystemClientRefusesBombs(t *testing.T) {
+	bomb := gzipBomb(t)
+	for name, serve := range map[string]func(w http.ResponseWriter){
+		"gzip bomb": func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/proto")
+			w.Header().Set("Content-Encoding", "gzip")
+			w.Write(bomb)
+		},
+		"1 GiB message": func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/proto")
+			zeros(w, 1<<30)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				serve(w)
+			}))
+			defer srv.Close()
+			fc := NewFilesystemClient(srv.Client(), srv.URL, 30*time.Second)
+			var err error
+			n := allocated(func() {
+				_, err = fc.ListDir(context.Background(), connect.NewRequest(&filesystem.ListDirRequest{Path: "/"}))
+			})
+			if !errors.Is(err, ErrReply) {
+				t.Fatalf("ListDir answered by a bomb: err %v, want ErrReply", err)
+			}
+			if n > 8*MaxMessage && !raceEnabled {
+				t.Fatalf("the call allocated %d MiB (bound %d MiB)", n>>20, MaxMessage>>20)
+			}
 		})
 	}
 }
