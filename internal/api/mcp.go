@@ -53,8 +53,12 @@ func (s *Server) mcpRoutes() {
 		Instructions: "corral runs code and commands in isolated Linux sandboxes. This session has its own sandbox, made on first use and killed when the session ends; files persist between calls. Every call counts against the session's task budget: when a call is refused with budget_exhausted or loop_detected, stop making calls and summarise.",
 		Logger:       s.log,
 	})
+	closedWorld := false // a sandbox has no network unless asked for
 	for _, t := range tools.On(tools.MCP) {
-		srv.AddTool(&mcp.Tool{Name: t.NameIn(tools.MCP), Description: t.Description, InputSchema: t.Schema(tools.MCP)}, s.mcpTool(t.NameIn(tools.MCP)))
+		destructive := t.Destructive
+		srv.AddTool(&mcp.Tool{Name: t.NameIn(tools.MCP), Description: t.Description, InputSchema: t.Schema(tools.MCP),
+			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: t.ReadOnly, DestructiveHint: &destructive, OpenWorldHint: &closedWorld}},
+			s.mcpTool(t.NameIn(tools.MCP)))
 	}
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		SessionTimeout: DefaultMCPSessionTimeout,

@@ -240,7 +240,10 @@ type Tool struct {
 	InSandbox bool
 	// Use is which sandbox a call that names none runs in.
 	Use Use
-	run func(ctx context.Context, c *call) (any, error)
+	// ReadOnly: the tool changes nothing; Destructive: it may destroy
+	// state (MCP's tool annotations, which clients use to ask the user).
+	ReadOnly, Destructive bool
+	run                   func(ctx context.Context, c *call) (any, error)
 }
 
 // NameIn is the tool's name on a surface.
@@ -293,7 +296,7 @@ var timeoutParam = Param{Name: "timeout", Type: "integer", Min: 1, Max: int64(Ma
 // All is every tool, in the order they are listed.
 var All = []*Tool{
 	{
-		Name: "execute_code", MCPName: "run_code", Surfaces: FunctionCalling | MCP, InSandbox: true, Use: UseFresh,
+		Name: "execute_code", MCPName: "run_code", Surfaces: FunctionCalling | MCP, InSandbox: true, Use: UseFresh, Destructive: true,
 		Description: "Run code in an isolated Linux sandbox (Debian, no network) and return its exit code, the tail of its stdout and stderr, whether output was truncated, and the duration. Python by default; print what you want to see.",
 		Params: []Param{
 			{Name: "code", Type: "string", Required: true, MaxLength: MaxCode, Description: "The program to run."},
@@ -303,7 +306,7 @@ var All = []*Tool{
 		run: runCode,
 	},
 	{
-		Name: "run_command", Surfaces: FunctionCalling | MCP, InSandbox: true, Use: UseFresh,
+		Name: "run_command", Surfaces: FunctionCalling | MCP, InSandbox: true, Use: UseFresh, Destructive: true,
 		Description: "Run a shell command (bash) in an isolated Linux sandbox and return its exit code, the tail of its stdout and stderr, whether output was truncated, and the duration.",
 		Params: []Param{
 			{Name: "command", Type: "string", Required: true, MaxLength: MaxCode, Description: "The shell command line."},
@@ -313,7 +316,7 @@ var All = []*Tool{
 		run: runCommand,
 	},
 	{
-		Name: "read_file", Surfaces: FunctionCalling | MCP, InSandbox: true,
+		Name: "read_file", Surfaces: FunctionCalling | MCP, InSandbox: true, ReadOnly: true,
 		Description: fmt.Sprintf("Read a file in the sandbox. Returns its text (or base64 when it is not UTF-8), at most %d KiB from its start; truncated says when there is more.", MaxReadBytes>>10),
 		Params: []Param{
 			{Name: "path", Type: "string", Required: true, MaxLength: MaxPath, Description: "The file's path (relative paths are in /home/user)."},
@@ -321,7 +324,7 @@ var All = []*Tool{
 		run: readFile,
 	},
 	{
-		Name: "write_file", Surfaces: FunctionCalling | MCP, InSandbox: true,
+		Name: "write_file", Surfaces: FunctionCalling | MCP, InSandbox: true, Destructive: true,
 		Description: "Write a text file in the sandbox, creating its directories and replacing the file if it exists.",
 		Params: []Param{
 			{Name: "path", Type: "string", Required: true, MaxLength: MaxPath, Description: "The file's path (relative paths are in /home/user)."},
@@ -330,7 +333,7 @@ var All = []*Tool{
 		run: writeFile,
 	},
 	{
-		Name: "list_files", Surfaces: FunctionCalling | MCP, InSandbox: true,
+		Name: "list_files", Surfaces: FunctionCalling | MCP, InSandbox: true, ReadOnly: true,
 		Description: fmt.Sprintf("List a directory in the sandbox: each entry's name, path, type (file, dir, symlink) and size; at most %d entries.", MaxListEntries),
 		Params: []Param{
 			{Name: "path", Type: "string", MaxLength: MaxPath, Description: "The directory (default: /home/user)."},
@@ -348,7 +351,7 @@ var All = []*Tool{
 		run: createSandbox,
 	},
 	{
-		Name: "kill_sandbox", Surfaces: MCP, InSandbox: true, Use: UseExisting,
+		Name: "kill_sandbox", Surfaces: MCP, InSandbox: true, Use: UseExisting, Destructive: true,
 		Description: "Kill a sandbox of this session (default: the session's sandbox; the next call creates a new one).",
 		run:         killSandbox,
 	},
