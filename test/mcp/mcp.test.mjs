@@ -112,14 +112,17 @@ for (const kind of Object.keys(transports)) {
   test(`${kind}: a call past the task's budget is refused with the breaker's message`, async () => {
     const task = await newTask(2);
     const { client, end } = await connect(kind, task);
+    let id;
     for (let i = 0; i < 2; i++) {
       const res = await client.callTool({ name: "run_command", arguments: { command: `echo ${i}` } });
       assert.ok(!res.isError, text(res));
+      id = res.structuredContent.sandbox_id;
     }
     const res = await client.callTool({ name: "run_code", arguments: { code: "print('must not run')" } });
     assert.equal(res.isError, true);
     assert.match(text(res), /^budget_exhausted: .*summarise/);
     assert.equal(res.structuredContent.code, "budget_exhausted");
     await end();
+    await waitEnded(id);
   });
 }
