@@ -510,5 +510,86 @@ class RunCodeTest(LiveTest):
         self.assertEqual(self.sb.run_code("1+1").text, "2")
 
 
+# A stand-in for the code-interpreter server inside a base sandbox
+# (test/integration/coderelay_test.go uses the same): it answers
+# /execute with NDJSON lines chosen by the code, so that run_code's wire
+# (the control plane's relay, the native answer, the stream) is tested
+# live whether or not the server has the code-interpreter template.
+FAKE_INTERPRETER = r"""
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def line(self, obj):
+        b = (json.dumps(obj) + "\n").encode()
+        self.wfile.write(b"%x\r\n" % len(b) + b + b"\r\n")
+        self.wfile.flush()
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        code = req.get("code", "")
+        if code == "bad-context":
+            b = b"Context nope not found"
+            self.send_response(404)
+            self.send_header("Content-Length", str(len(b)))
+            self.end_headers()
+            self.wfile.write(b)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.line({"type": "number_of_executions", "execution_count": 7})
+        if code == "hello":
+            self.line({"type": "stdout", "text": "hello\n", "timestamp": "t"})
+            self.line({"type": "result", "is_main_result": True, "text": "42", "png": "aGk="})
+        elif code == "fail":
+            self.line({"type": "error", "name": "ZeroDivisionError", "value": "division by zero",
+                       "traceback": "Traceback: ZeroDivisionError"})
+        self.line({"type": "end_of_execution"})
+        self.wfile.write(b"0\r\n\r\n")
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 49999), H).serve_forever()
+"""
+
+
+class RunCodeRelayTest(LiveTest):
+    """run_code through the server's relay to a stand-in interpreter."""
+
+    def test_relay(self):
+        # The polls below are tool calls too: a budget they cannot spend.
+        task = corral.Task(client=self.client, no_loop_check=True, max_calls=100000)
+        sb = self.sandbox(task=task)
+        with self.assertRaises(corral.UnavailableError) as cm:
+            sb.run_code("hello")  # nothing listens on 49999 yet
+        self.assertEqual(cm.exception.status, 503)
+        sb.files.write("/tmp/fake_interpreter.py", FAKE_INTERPRETER)
+        sb.commands.run("python3 /tmp/fake_interpreter.py", background=True, timeout=0)
+        wait_for("the stand-in interpreter to listen", lambda: sb.commands.run(
+            "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 49999))'",
+            check=False).exit_code == 0)
+
+        ex = sb.run_code("hello", timeout=30)
+        self.assertEqual(ex.text, "42")
+        self.assertEqual(ex.results[0].png, b"hi")
+        self.assertEqual(ex.logs.stdout, ["hello\n"])
+        self.assertEqual(ex.execution_count, 7)
+        self.assertIsNone(ex.error)
+        self.assertFalse(ex.timed_out)
+
+        out, results = [], []
+        ex = sb.run_code("hello", on_stdout=out.append, on_result=results.append)
+        self.assertEqual(out, ["hello\n"])
+        self.assertEqual([r.text for r in results], ["42"])
+        self.assertEqual(ex.results[0].png, b"hi")
+
+        ex = sb.run_code("fail")
+        self.assertEqual((ex.error.name, ex.error.value), ("ZeroDivisionError", "division by zero"))
+        with self.assertRaises(corral.NotFoundError) as cm:
+            sb.run_code("bad-context", context="nope")
+        self.assertNotIsInstance(cm.exception, corral.SandboxNotFound)
+        # Every run was a tool call of the task.
+        self.assertGreaterEqual(task.refresh().usage["calls"], 4)
+
+
 if __name__ == "__main__":
     unittest.main()
