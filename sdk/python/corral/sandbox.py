@@ -707,12 +707,7 @@ class CommandHandle:
             return res
         # The stream broke: the sandbox may have ended under the command.
         cause = self._error
-        try:
-            info = self._sb._client.get_sandbox(self._sb.id)
-        except SandboxNotFound:
-            info = Record(state="ended", end_reason="killed")
-        except CorralError:
-            info = None
+        info = self._sandbox_after_break()
         if info is not None and info.get("state") == "ended":
             res.exit_code = EXIT_KILLED
             res.end_reason = info.get("end_reason") or "killed"
@@ -725,6 +720,23 @@ class CommandHandle:
         elif cause is None:
             self._error = StreamBroken("the command's stream ended without a result")
         return res
+
+    def _sandbox_after_break(self) -> Optional[Record]:
+        """The sandbox's object after the command's stream broke. The
+        server cuts a stream as it starts to kill the sandbox, so a
+        sandbox that still reads as running is asked again for a few
+        seconds before the break is taken as the connection's."""
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                info = self._sb._client.get_sandbox(self._sb.id)
+            except SandboxNotFound:
+                return Record(state="ended", end_reason="killed")
+            except CorralError:
+                return None
+            if info.get("state") != "running" or time.monotonic() > deadline:
+                return info
+            time.sleep(0.2)
 
     def _breaker_reason(self, info: Mapping[str, Any]) -> str:
         task = info.get("task")

@@ -250,6 +250,32 @@ class CommandsTest(LiveTest):
         self.assertNotIn(h.pid, [p["pid"] for p in self.sb.commands.list()])
         self.assertFalse(self.sb.commands.kill(h.pid))
 
+    def test_sandbox_killed_under_command(self):
+        """A sandbox killed while a command runs: wait() raises
+        SandboxNotFound with the end reason and a 137 result."""
+        sb = self.sandbox()
+        h = sb.commands.run("sleep 600", background=True, timeout=0)
+        self.client.kill_sandbox(sb.id)
+        with self.assertRaises(corral.SandboxNotFound) as cm:
+            h.wait(timeout=120)
+        self.assertEqual(cm.exception.end_reason, "killed")
+        self.assertEqual(cm.exception.result.exit_code, 137)
+
+    def test_breaker_kills_under_command(self):
+        """The breaker opens and kills the task's sandboxes while a
+        background command runs: its wait() raises the brake's error,
+        not a bare connection error."""
+        task = corral.Task(client=self.client, max_calls=2, no_loop_check=True)
+        sb = self.sandbox(task=task)
+        h = sb.commands.run("sleep 600", background=True, timeout=0)
+        sb.commands.run("true")
+        with self.assertRaises(corral.BudgetExhausted):
+            sb.commands.run("true")
+        with self.assertRaises(corral.BudgetExhausted) as cm:
+            h.wait(timeout=120)
+        self.assertIn("budget_exhausted", str(cm.exception))
+        self.assertEqual(cm.exception.result.exit_code, 137)
+
     def test_truncated(self):
         """max_output keeps the tail; truncated says bytes were dropped."""
         r = self.sb.commands.run("seq 1 100000", max_output=1000)
