@@ -479,7 +479,8 @@ class Commands:
                         stdin=background or stdin is not None, max_output=max_output,
                         on_stdout=on_stdout, on_stderr=on_stderr, check=check)
         if background:
-            h._thread = threading.Thread(target=h._consume, name=f"corral-cmd-{h.pid}", daemon=True)
+            h._thread = threading.Thread(target=h._consume_background, name=f"corral-cmd-{h.pid}",
+                                         daemon=True)
             h._thread.start()
             if stdin is not None:
                 h.send_stdin(stdin)
@@ -495,6 +496,8 @@ class Commands:
             # command must not outlive its caller.
             h._kill_quietly()
             raise
+        finally:
+            h._done.set()
         return h.wait()
 
     def _start(self, cmd: str, *, args: Optional[Sequence[str]], timeout: Optional[float],
@@ -639,6 +642,7 @@ class CommandHandle:
         self._started = time.monotonic()
         self._ended = 0.0
         self._result: Optional[CommandResult] = None
+        self._callback_error: Optional[BaseException] = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -674,6 +678,16 @@ class CommandHandle:
         finally:
             self._ended = self._ended or time.monotonic()
             self._stream.close()
+
+    def _consume_background(self) -> None:
+        try:
+            self._consume()
+        except BaseException as e:
+            # A callback raised on the reader thread: the command must not
+            # run on unobserved, and wait() raises what the callback did.
+            self._callback_error = e
+            self._kill_quietly()
+        finally:
             self._done.set()
 
     def wait(self, timeout: Optional[float] = None) -> CommandResult:
@@ -687,6 +701,8 @@ class CommandHandle:
             if self._result is None:
                 self._result = self._finish()
         res = self._result
+        if self._callback_error is not None:
+            raise self._callback_error
         if self._error is not None:
             raise self._error
         if self._check and res.timed_out:
@@ -704,6 +720,8 @@ class CommandHandle:
         if self._end is not None:
             apply_end(res, self._end)
             self._error = None
+            return res
+        if self._callback_error is not None:
             return res
         # The stream broke: the sandbox may have ended under the command.
         cause = self._error

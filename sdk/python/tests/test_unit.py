@@ -346,6 +346,19 @@ class WireTest(unittest.TestCase):
             "cmd": "/bin/bash", "args": ["-l", "-c", "echo hi"], "envs": {"K": "V"}, "cwd": "/tmp"},
             "stdin": False})
 
+    def test_background_callback_error_kills_and_is_raised(self):
+        """A callback that raises on a background command's reader thread
+        kills the command (SendSignal SIGKILL) and wait() raises it."""
+        sb = corral.Sandbox(client=self.client)
+
+        def boom(s):
+            raise RuntimeError("callback failed")
+        h = sb.commands.run("echo hi", background=True, on_stdout=boom)
+        with self.assertRaisesRegex(RuntimeError, "callback failed"):
+            h.wait(timeout=30)
+        kills = [json.loads(r[3]) for r in Fake.requests if r[1].endswith("/process.Process/SendSignal")]
+        self.assertEqual(kills, [{"process": {"pid": 42}, "signal": "SIGNAL_SIGKILL"}])
+
     def test_unary_wire(self):
         sb = corral.Sandbox(client=self.client)
         sb.commands.send_stdin(7, b"\x00data")
