@@ -7,7 +7,10 @@ import base64
 import http.server
 import json
 import os
+import shutil
+import ssl
 import struct
+import subprocess
 import tempfile
 import threading
 import unittest
@@ -390,6 +393,62 @@ class WireTest(unittest.TestCase):
         with self.assertRaises(corral.CapacityExceeded) as cm:
             self.client._t.call("POST", "/v1/sandboxes/sb2", {})
         self.assertEqual(cm.exception.retry_after, 2)
+
+
+def make_tls(d):
+    """A CA and a certificate for 127.0.0.1 it signed, made with openssl
+    (which ca-certificates brings along)."""
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=corral test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr",
+        "-subj", "/CN=127.0.0.1")
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "srv.pem", "-days", "2", "-extfile", "ext.cnf")
+    return os.path.join(d, "ca.pem"), os.path.join(d, "srv.pem"), os.path.join(d, "srv.key")
+
+
+class TLSTest(unittest.TestCase):
+    """CORRAL_CA_FILE: an https:// server with a private CA is trusted
+    with the CA file, and refused without it (no silent fallback to an
+    unverified connection)."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not shutil.which("openssl"):
+            raise unittest.SkipTest("openssl is not installed")
+        cls.dir = tempfile.mkdtemp()
+        cls.ca, cert, key = make_tls(cls.dir)
+        cls.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        cls.srv.socket = ctx.wrap_socket(cls.srv.socket, server_side=True)
+        threading.Thread(target=cls.srv.serve_forever, daemon=True).start()
+        cls.url = f"https://127.0.0.1:{cls.srv.server_address[1]}"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.shutdown()
+        cls.srv.server_close()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def test_ca_file_from_env(self):
+        with env(CORRAL_CA_FILE=self.ca, CORRAL_API_KEY="k"):
+            c = corral.Client(self.url)
+            self.assertEqual(c.get_sandbox("sb1")["state"], "running")
+
+    def test_ca_file_argument(self):
+        c = corral.Client(self.url, "k", ca_file=self.ca)
+        self.assertEqual(c.get_sandbox("sb1")["state"], "running")
+
+    def test_untrusted_without_ca_file(self):
+        with env(CORRAL_API_KEY="k"):
+            c = corral.Client(self.url)
+            with self.assertRaisesRegex(corral.CorralError, "CERTIFICATE_VERIFY_FAILED"):
+                c.get_sandbox("sb1")
 
 
 class ToolsTest(unittest.TestCase):
