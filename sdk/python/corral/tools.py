@@ -24,8 +24,11 @@ from .errors import SandboxNotFound, CorralError
 __all__ = ["EXECUTE_CODE_SCHEMA", "EXECUTE_CODE_TOOL", "LANGUAGES", "MAX_TIMEOUT",
            "execute_code", "openai_tool", "anthropic_tool", "call_tool"]
 
-# Interpreter and file suffix of each language (programs of the base template).
-LANGUAGES = {"python": ("python3", ".py"), "bash": ("bash", ".sh")}
+# Interpreter and file suffix of each language (programs of the base
+# template). python3 -u: unbuffered, so that stdout and stderr come in the
+# order the program wrote them, and what it printed before a timeout
+# killed it is not lost in its buffer.
+LANGUAGES = {"python": ("python3 -u", ".py"), "bash": ("bash", ".sh")}
 
 MAX_TIMEOUT = 600
 """The longest timeout, in seconds, the schema lets a model ask for."""
