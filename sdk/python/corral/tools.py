@@ -25,9 +25,8 @@ __all__ = ["EXECUTE_CODE_SCHEMA", "EXECUTE_CODE_TOOL", "LANGUAGES", "MAX_TIMEOUT
            "execute_code", "openai_tool", "anthropic_tool", "call_tool"]
 
 # Interpreter and file suffix of each language (programs of the base
-# template). python3 -u: unbuffered, so that stdout and stderr come in the
-# order the program wrote them, and what it printed before a timeout
-# killed it is not lost in its buffer.
+# template). python3 -u: unbuffered, so that what the program printed
+# before a timeout killed it is not lost in its buffer.
 LANGUAGES = {"python": ("python3 -u", ".py"), "bash": ("bash", ".sh")}
 
 MAX_TIMEOUT = 600
@@ -113,8 +112,8 @@ def execute_code(code: str, timeout: float = 30, max_output: int = 2000, sandbox
     "timed_out", "duration_ms"}``.
 
     ``output`` is the last ``max_output`` characters of stdout and stderr
-    together, in the order they came; ``truncated`` says earlier output
-    was dropped. The program is killed after ``timeout`` seconds
+    together (one pipe), in the order the program wrote them;
+    ``truncated`` says earlier output was dropped. The program is killed after ``timeout`` seconds
     (``timed_out``, exit code 124). ``language`` is ``python`` (python3)
     or ``bash``. Without ``sandbox`` a new one is created (``template``,
     default ``base``, in ``task`` when given, with ``client``) and killed
@@ -138,7 +137,9 @@ def execute_code(code: str, timeout: float = 30, max_output: int = 2000, sandbox
                                    metadata={"corral_tool": "execute_code"})
         sb.files.write(path, code)
         tail = _TextTail(max_output)
-        res = sb.commands.run(f"{prog} {path}", timeout=timeout, check=False,
+        # One pipe for both streams (2>&1): the output is in the order
+        # the program wrote it, which two pipes cannot promise.
+        res = sb.commands.run(f"{prog} {path} 2>&1", timeout=timeout, check=False,
                               on_stdout=tail.write, on_stderr=tail.write,
                               max_output=max(4 * int(max_output), 64))
         return {
