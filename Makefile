@@ -6,8 +6,9 @@ GO       ?= go
 BIN      := bin/corral
 DATA     ?= /var/lib/corral
 LISTEN   ?= 127.0.0.1:7420
-# Debian packages the server and the tests need.
-DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates
+# Debian packages the server and the tests need (python3 and python3-venv:
+# the Python SDK is installed into a venv and tested, test/integration/python_test.go).
+DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates python3 python3-venv
 
 .PHONY: run test build deps e2b-deps mcp-deps vet bench proto clean
 
