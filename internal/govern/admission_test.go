@@ -70,8 +70,13 @@ func (ta *testAdmission) acquireAsyncReq(t *testing.T, ctx context.Context, req 
 		tk, err := ta.Acquire(ctx, req)
 		ch <- acquired{tk, err}
 	}()
-	if got := <-ta.waits; got != req.Agent {
-		t.Fatalf("waiting create is for %q, want %q", got, req.Agent)
+	select {
+	case got := <-ta.waits:
+		if got != req.Agent {
+			t.Fatalf("waiting create is for %q, want %q", got, req.Agent)
+		}
+	case r := <-ch:
+		t.Fatalf("create %+v did not wait: %v %v", req, r.t, r.err)
 	}
 	return ch
 }
@@ -753,6 +758,10 @@ func TestAdmissionTeamFairness(t *testing.T) {
 	}
 
 	held[0].Release()
+	// The slot is handed over within Release.
+	if st := ad.Stats(); st.Teams["b"].Running != 1 {
+		t.Fatalf("after the release: %+v, want team b's create admitted", st)
+	}
 	r := <-bw
 	if r.err != nil || r.t.Team() != "b" {
 		t.Fatalf("the freed slot went to %v %v, want team b's create", r.t, r.err)
@@ -798,7 +807,10 @@ func TestAdmissionTeamFairnessOrder(t *testing.T) {
 		}
 		return r.t
 	}
-	tb.Release()               // b runs 0: the fewest
+	tb.Release() // b runs 0: the fewest
+	if st := ad.Stats(); st.Teams["b"].Running != 1 {
+		t.Fatalf("after the release: %+v, want b's waiter admitted", st)
+	}
 	expect(wb, "wb").Release() // b runs 0 again, with no waiter; c runs 1, a 2
 	expect(wc, "wc")
 	wc2 := ad.acquireAsyncReq(t, ctx, Request{Team: "c", Agent: "wc2"})
