@@ -62,6 +62,7 @@ func TestTeamQuotaAPI(t *testing.T) {
 		{"/v1/teams/x/quota", `{"create_burst": -2}`, "create_burst"},
 		{"/v1/teams/x/quota", `{"max_sandboxez": 2}`, "max_sandboxez"},
 		{"/v1/teams/x%20y/quota", `{"max_sandboxes": 2}`, "team"},
+		{"/v1/teams/all/quota", `{"max_sandboxes": 2}`, "team"},
 	} {
 		var ev errView
 		st := e.call("PUT", tc.path, apiKey, tc.body, &ev)
@@ -101,8 +102,9 @@ func TestTeamQuotaAPI(t *testing.T) {
 		t.Fatalf("GET /v1/teams: %d %+v", st, list)
 	}
 	// {} drops the override: the defaults (no team limit) apply at once.
-	if st := e.call("PUT", "/v1/teams/x/quota", apiKey, map[string]any{}, &v); st != 200 || len(v.Override) != 0 || v.Quota["max_sandboxes"] != 0.0 {
-		t.Fatalf("PUT {}: %d %+v", st, v)
+	var dropped teamQuotaView
+	if st := e.call("PUT", "/v1/teams/x/quota", apiKey, map[string]any{}, &dropped); st != 200 || len(dropped.Override) != 0 || dropped.Quota["max_sandboxes"] != 0.0 {
+		t.Fatalf("PUT {}: %d %+v", st, dropped)
 	}
 	if st := e.call("POST", "/v1/sandboxes", member, map[string]any{}, &sb); st != 201 {
 		t.Fatalf("member's create after the override was dropped: %d", st)

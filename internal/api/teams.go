@@ -6,16 +6,11 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"regexp"
 	"sort"
 
 	"github.com/corralhq/corral/internal/govern"
-	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 )
-
-// teamNameRe is what a team named in a /v1/teams path may look like.
-var teamNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
 // teamView is a team as GET /v1/teams and /v1/teams/{team}/quota report
 // it: the quota in force, the admin's override of the server's defaults
@@ -74,8 +69,8 @@ func (s *Server) listTeams(w http.ResponseWriter, r *http.Request) {
 // name no team may have.
 func (s *Server) teamPath(w http.ResponseWriter, r *http.Request) (string, bool) {
 	team := r.PathValue("team")
-	if !teamNameRe.MatchString(team) {
-		s.writeErr(w, r, &sandbox.InvalidError{Msg: fmt.Sprintf("team %q is not a valid team name (1-64 letters, digits, '.', '_' or '-', starting with a letter or digit)", team)})
+	if err := store.ValidTeam(team); err != nil {
+		s.writeErr(w, r, err)
 		return "", false
 	}
 	return team, true
