@@ -422,6 +422,13 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			return out
 		},
 		Admission: func() (int, int) { s := adm.Stats(); return s.Running, s.Waiting },
+		Teams: func() map[string]int {
+			out := map[string]int{}
+			for team, ts := range adm.Stats().Teams {
+				out[team] = ts.Running
+			}
+			return out
+		},
 		Volumes: func(ctx context.Context) (n int, used, size int64, err error) {
 			vs, err := volSvc.List(ctx, "")
 			if err != nil {
