@@ -18,20 +18,15 @@ import (
 type teamView struct {
 	Team     string           `json:"team"`
 	Quota    govern.TeamQuota `json:"quota"`
-	Override quotaFields      `json:"override"`
+	Override store.TeamQuota  `json:"override"`
 	Usage    govern.TeamStats `json:"usage"`
 }
 
-// quotaFields are the fields of a quota override, as the API spells them
-// (a field absent takes the server's default).
-type quotaFields map[string]any
-
 func (s *Server) teamOut(team string, o *store.TeamQuota) teamView {
 	adm := s.mgr.Admission()
-	v := teamView{Team: team, Quota: adm.TeamQuota(team), Override: quotaFields{}, Usage: adm.TeamStats(team)}
+	v := teamView{Team: team, Quota: adm.TeamQuota(team), Usage: adm.TeamStats(team)}
 	if o != nil {
-		b, _ := json.Marshal(o)
-		_ = json.Unmarshal(b, &v.Override)
+		v.Override = *o
 	}
 	return v
 }
