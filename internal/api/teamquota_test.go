@@ -85,7 +85,7 @@ func TestTeamQuotaAPI(t *testing.T) {
 	}
 	var ev errView
 	if st := e.call("POST", "/v1/sandboxes", member, map[string]any{}, &ev); st != 429 || ev.Code != corral.CodeCapacityExceeded ||
-		!strings.Contains(ev.Message, `team "x" runs 1 sandboxes (quota 1)`) {
+		!strings.Contains(ev.Message, `team "x" runs 1 sandboxes (quota team_sandboxes 1)`) {
 		t.Fatalf("member's create over the quota: %d %+v, want 429 capacity_exceeded naming the quota", st, ev)
 	}
 	if st := e.call("POST", "/v1/sandboxes", apiKey, map[string]any{}, &sb); st != 201 {

@@ -513,7 +513,7 @@ func (a *Admission) takeTokens(ts *teamState, req Request) (tokens, error) {
 			return tok, &CapacityError{
 				Limit:      CapacityTeamRate,
 				RetryAfter: wait,
-				Msg:        fmt.Sprintf("team %q creates sandboxes faster than its quota of %g per second (burst %d)", ts.name, ts.quota.CreateRate, ts.quota.burst()),
+				Msg:        fmt.Sprintf("team %q creates sandboxes faster than its quota team_rate of %g per second (burst %d)", ts.name, ts.quota.CreateRate, ts.quota.burst()),
 			}
 		}
 		tok.team = t
@@ -678,13 +678,13 @@ func (ts *teamState) teamLimit(req Request) *CapacityError {
 	switch {
 	case q.MaxSandboxes > 0 && ts.running >= q.MaxSandboxes:
 		return &CapacityError{Limit: CapacityTeamSandboxes, RetryAfter: capacityRetryAfter,
-			Msg: fmt.Sprintf("team %q runs %d sandboxes (quota %d)", ts.name, ts.running, q.MaxSandboxes)}
+			Msg: fmt.Sprintf("team %q runs %d sandboxes (quota team_sandboxes %d)", ts.name, ts.running, q.MaxSandboxes)}
 	case q.MaxCPUs > 0 && ts.milliCPU+milli(req.CPUs) > milli(q.MaxCPUs):
 		return &CapacityError{Limit: CapacityTeamCPU, RetryAfter: capacityRetryAfter,
-			Msg: fmt.Sprintf("team %q runs sandboxes of %g CPUs; with this one's %g it would exceed its quota of %g", ts.name, float64(ts.milliCPU)/1000, req.CPUs, q.MaxCPUs)}
+			Msg: fmt.Sprintf("team %q runs sandboxes of %g CPUs; with this one's %g it would exceed its quota team_cpu of %g", ts.name, float64(ts.milliCPU)/1000, req.CPUs, q.MaxCPUs)}
 	case q.MaxMemoryMB > 0 && ts.memoryMB+req.MemoryMB > q.MaxMemoryMB:
 		return &CapacityError{Limit: CapacityTeamMemory, RetryAfter: capacityRetryAfter,
-			Msg: fmt.Sprintf("team %q runs sandboxes of %d MiB; with this one's %d MiB it would exceed its quota of %d MiB", ts.name, ts.memoryMB, req.MemoryMB, q.MaxMemoryMB)}
+			Msg: fmt.Sprintf("team %q runs sandboxes of %d MiB; with this one's %d MiB it would exceed its quota team_memory of %d MiB", ts.name, ts.memoryMB, req.MemoryMB, q.MaxMemoryMB)}
 	}
 	return nil
 }
@@ -710,7 +710,7 @@ func (a *Admission) agentLimit(ts *teamState, req Request) *CapacityError {
 	n := ts.perAgent[req.Agent]
 	if q := ts.quota.MaxPerAgent; q > 0 && q <= a.cfg.MaxPerAgent && n >= q {
 		return &CapacityError{Limit: CapacityTeamAgent, RetryAfter: capacityRetryAfter,
-			Msg: fmt.Sprintf("agent %q of team %q runs %d sandboxes (team quota %d per agent)", req.Agent, ts.name, n, q)}
+			Msg: fmt.Sprintf("agent %q of team %q runs %d sandboxes (quota team_agent %d per agent)", req.Agent, ts.name, n, q)}
 	}
 	if n >= a.cfg.MaxPerAgent {
 		return &CapacityError{Limit: CapacityAgent, RetryAfter: capacityRetryAfter,

@@ -605,7 +605,7 @@ func TestAdmissionTeamQuotas(t *testing.T) {
 		for range 10 {
 			s = append(s, step{req: cpu("a", 0.1)})
 		}
-		return append(s, step{req: cpu("a", 0.001), want: CapacityTeamCPU, msg: `team "a" runs sandboxes of 1 CPUs; with this one's 0.001 it would exceed its quota of 1`})
+		return append(s, step{req: cpu("a", 0.001), want: CapacityTeamCPU, msg: `team "a" runs sandboxes of 1 CPUs; with this one's 0.001 it would exceed its quota team_cpu of 1`})
 	}
 	for _, tc := range []struct {
 		name      string
@@ -618,7 +618,7 @@ func TestAdmissionTeamQuotas(t *testing.T) {
 			cfg:  AdmissionConfig{Team: TeamQuota{MaxSandboxes: 2}},
 			steps: []step{
 				{req: a("x")}, {req: a("y")},
-				{req: a("z"), want: CapacityTeamSandboxes, msg: `team "a" runs 2 sandboxes (quota 2)`},
+				{req: a("z"), want: CapacityTeamSandboxes, msg: `team "a" runs 2 sandboxes (quota team_sandboxes 2)`},
 				{req: a(""), want: CapacityTeamSandboxes},
 				{req: b("x")}, {req: b("")},
 				{release: 1}, {req: a("z")},
@@ -636,7 +636,7 @@ func TestAdmissionTeamQuotas(t *testing.T) {
 			cfg:  AdmissionConfig{MaxPerAgent: 5, Team: TeamQuota{MaxPerAgent: 1}},
 			steps: []step{
 				{req: a("x")},
-				{req: a("x"), want: CapacityTeamAgent, msg: `agent "x" of team "a" runs 1 sandboxes (team quota 1 per agent)`},
+				{req: a("x"), want: CapacityTeamAgent, msg: `agent "x" of team "a" runs 1 sandboxes (quota team_agent 1 per agent)`},
 				{req: a("y")}, {req: b("x")}, {req: a("")}, {req: a("")},
 			},
 		},
@@ -658,7 +658,7 @@ func TestAdmissionTeamQuotas(t *testing.T) {
 			cfg:  AdmissionConfig{Team: TeamQuota{MaxMemoryMB: 512}},
 			steps: []step{
 				{req: mem("a", 256)}, {req: mem("a", 256)},
-				{req: mem("a", 16), want: CapacityTeamMemory, msg: `team "a" runs sandboxes of 512 MiB; with this one's 16 MiB it would exceed its quota of 512 MiB`},
+				{req: mem("a", 16), want: CapacityTeamMemory, msg: `team "a" runs sandboxes of 512 MiB; with this one's 16 MiB it would exceed its quota team_memory of 512 MiB`},
 				{req: mem("b", 512)}, {release: 1}, {req: mem("a", 256)},
 			},
 		},
@@ -679,7 +679,7 @@ func TestAdmissionTeamQuotas(t *testing.T) {
 				{req: a("z"), want: CapacityGlobal}, // gives its token back
 				{release: 1}, {release: 2},
 				{req: a("z")},
-				{req: a("w"), want: CapacityTeamRate, msg: `team "a" creates sandboxes faster than its quota of 0.5 per second (burst 3)`},
+				{req: a("w"), want: CapacityTeamRate, msg: `team "a" creates sandboxes faster than its quota team_rate of 0.5 per second (burst 3)`},
 				{req: a(""), want: CapacityTeamRate},
 				{req: b("x")},
 			},
