@@ -55,6 +55,7 @@ var wirePairs = []struct {
 	{"key", new(keyView), new(corral.KeyInfo)},
 	{"new key", new(newKeyView), new(corral.NewKey)},
 	{"usage", new(usageReportView), new(corral.UsageReport)},
+	{"team", new(teamView), new(corral.Team)},
 }
 
 // noSDKView lists the native API's views that have no exported SDK type,
@@ -156,7 +157,7 @@ func TestWireContractCoversEveryView(t *testing.T) {
 	// response object; listing them here by hand keeps the check honest
 	// without parsing the package's source.
 	views := []any{sandboxView{}, commandView{}, networkView{}, usageView{}, secretView{}, poolView{},
-		snapshotView{}, taskView{}, templateView{}, importView{}, volumeView{}, sampleView{}, forkView{}, keyView{}, newKeyView{}, usageReportView{}}
+		snapshotView{}, taskView{}, templateView{}, importView{}, volumeView{}, sampleView{}, forkView{}, keyView{}, newKeyView{}, usageReportView{}, teamView{}}
 	for _, v := range views {
 		typ := reflect.TypeOf(v)
 		if typ == reflect.TypeOf(usageView{}) {
@@ -439,6 +440,9 @@ var requestPairs = []struct {
 	}},
 	{"key", new(keyRequest), func(ctx context.Context, c *corral.Client) {
 		c.CreateKey(ctx, *filled(new(corral.KeyRequest)).(*corral.KeyRequest))
+	}},
+	{"team quota", new(store.TeamQuota), func(ctx context.Context, c *corral.Client) {
+		c.SetTeamQuota(ctx, "t", *filled(new(corral.QuotaOverride)).(*corral.QuotaOverride))
 	}},
 }
 

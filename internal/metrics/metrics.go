@@ -65,6 +65,10 @@ type Config struct {
 	Pools func() []Pool
 	// Admission returns the sandboxes admitted and the creates waiting.
 	Admission func() (running, waiting int)
+	// Teams returns the sandboxes admitted per team (teams with none
+	// may be absent). Team names are admin-made (API keys), so the
+	// label's values are bounded.
+	Teams func() map[string]int
 	// Volumes returns the number of volumes, the bytes they use and
 	// their total size.
 	Volumes func(ctx context.Context) (count int, usedBytes, sizeBytes int64, err error)
@@ -209,6 +213,7 @@ var (
 	poolRefAvg    = prometheus.NewDesc("corral_pool_refill_seconds_avg", "Average time to start one pooled sandbox.", []string{"team", "template"}, nil)
 	admRunDesc    = prometheus.NewDesc("corral_admission_running", "Sandboxes admitted (running, paused or starting).", nil, nil)
 	admWaitDesc   = prometheus.NewDesc("corral_admission_waiting", "Creates waiting in the admission queue.", nil, nil)
+	teamRunDesc   = prometheus.NewDesc("corral_team_sandboxes", "Sandboxes admitted per team (running, paused or starting).", []string{"team"}, nil)
 	volCountDesc  = prometheus.NewDesc("corral_volumes", "Volumes on this server.", nil, nil)
 	volUsedDesc   = prometheus.NewDesc("corral_volume_used_bytes", "Bytes used on all volumes together.", nil, nil)
 	volSizeDesc   = prometheus.NewDesc("corral_volume_size_bytes", "Size of all volumes together (their caps).", nil, nil)
@@ -221,7 +226,7 @@ var (
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{sandboxesDesc, poolIdleDesc, poolTgtDesc, poolHitsDesc, poolMissDesc, poolRefDesc, poolRefAvg, admRunDesc, admWaitDesc, volCountDesc, volUsedDesc, volSizeDesc,
+	for _, d := range []*prometheus.Desc{sandboxesDesc, poolIdleDesc, poolTgtDesc, poolHitsDesc, poolMissDesc, poolRefDesc, poolRefAvg, admRunDesc, admWaitDesc, teamRunDesc, volCountDesc, volUsedDesc, volSizeDesc,
 		usageCPUDesc, usageMemDesc, usageSbDesc, usageEgDesc, usageCmdDesc, scrapeErrDesc} {
 		ch <- d
 	}
@@ -280,5 +285,10 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 		running, waiting := f()
 		ch <- prometheus.MustNewConstMetric(admRunDesc, prometheus.GaugeValue, float64(running))
 		ch <- prometheus.MustNewConstMetric(admWaitDesc, prometheus.GaugeValue, float64(waiting))
+	}
+	if f := g.cfg.Teams; f != nil {
+		for team, n := range f() {
+			ch <- prometheus.MustNewConstMetric(teamRunDesc, prometheus.GaugeValue, float64(n), team)
+		}
 	}
 }

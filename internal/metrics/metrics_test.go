@@ -135,6 +135,7 @@ func TestGaugesAndHandler(t *testing.T) {
 					{Team: "team-b", Template: "base", Idle: 1, Target: 1}}
 			},
 			Admission: func() (int, int) { return 4, 2 },
+			Teams:     func() map[string]int { return map[string]int{"default": 1, "team-a": 3} },
 			Volumes:   func(context.Context) (int, int64, int64, error) { return 2, 1 << 20, 32 << 20, nil },
 		}, []string{
 			`corral_volumes 2`, `corral_volume_used_bytes 1.048576e+06`, `corral_volume_size_bytes 3.3554432e+07`,
@@ -144,11 +145,12 @@ func TestGaugesAndHandler(t *testing.T) {
 			`corral_pool_refills_total{team="default",template="base"} 9`, `corral_pool_refill_seconds_avg{team="default",template="base"} 0.115`,
 			`corral_pool_idle{team="team-b",template="base"} 1`,
 			`corral_admission_running 4`, `corral_admission_waiting 2`, `go_goroutines `, `process_open_fds `,
+			`corral_team_sandboxes{team="default"} 1`, `corral_team_sandboxes{team="team-a"} 3`,
 		}, []string{"corral_scrape_error"}},
 		{"store error", Config{
 			Sandboxes: func(context.Context) (map[string]int, error) { return nil, errors.New("disk on fire") },
 			Volumes:   func(context.Context) (int, int64, int64, error) { return 0, 0, 0, errors.New("no store") },
-		}, []string{`corral_scrape_error{gauge="sandboxes"} 1`, `corral_scrape_error{gauge="volumes"} 1`, `corral_sandboxes{state="running"} 0`}, []string{"corral_pool_idle", "corral_admission_running", "corral_volumes "}},
+		}, []string{`corral_scrape_error{gauge="sandboxes"} 1`, `corral_scrape_error{gauge="volumes"} 1`, `corral_sandboxes{state="running"} 0`}, []string{"corral_pool_idle", "corral_admission_running", "corral_volumes ", "corral_team_sandboxes"}},
 		{"usage by team", Config{
 			Usage: func(context.Context) (map[string]TeamUsage, error) {
 				return map[string]TeamUsage{"red": {CPUSeconds: 2.5, MemoryGiBSeconds: 0.75, SandboxSeconds: 60, EgressBytes: 1234, Commands: 7}, "blue": {Commands: 1}}, nil

@@ -52,7 +52,7 @@ func (m *Manager) admit(ctx context.Context, req *CreateRequest, rec *store.Sand
 			agent = task.Agent
 		}
 	}
-	tk, err := adm.Acquire(ctx, agent)
+	tk, err := adm.Acquire(ctx, admissionRequest(rec, agent))
 	if err != nil {
 		return release, err
 	}
@@ -78,6 +78,43 @@ func (m *Manager) admit(ctx context.Context, req *CreateRequest, rec *store.Sand
 	rel := release
 	release = func() { rel(); gov.SandboxEnded(task.ID, rec.ID) }
 	return release, nil
+}
+
+// admissionRequest is what a sandbox asks of admission: its team's
+// slot, its agent's, its CPUs and its memory.
+func admissionRequest(rec *store.Sandbox, agent string) govern.Request {
+	return govern.Request{Team: rec.Team, Agent: agent, CPUs: rec.Resources.CPU, MemoryMB: rec.Resources.MemoryMB}
+}
+
+// Admission is the admission controller the Manager creates through.
+func (m *Manager) Admission() *govern.Admission { return m.cfg.Admission }
+
+// SetTeamQuota validates and stores an admin's quota override of a team
+// (the fields o sets replace the server's defaults; none drops it) and
+// applies it to the next create. A bad value is an *InvalidError naming
+// the field, and nothing is stored.
+func (m *Manager) SetTeamQuota(ctx context.Context, o store.TeamQuota) error {
+	if err := govern.ValidateQuota(o); err != nil {
+		return err
+	}
+	if err := m.store.PutTeamQuota(ctx, &o); err != nil {
+		return err
+	}
+	m.cfg.Admission.SetTeamQuota(o.Team, o)
+	return nil
+}
+
+// LoadTeamQuotas applies the stored quota overrides to admission, as a
+// server start does before it adopts or admits a sandbox.
+func (m *Manager) LoadTeamQuotas(ctx context.Context) error {
+	qs, err := m.store.ListTeamQuotas(ctx)
+	if err != nil {
+		return err
+	}
+	for _, q := range qs {
+		m.cfg.Admission.SetTeamQuota(q.Team, *q)
+	}
+	return nil
 }
 
 // releaseSandbox gives back what admit took for a sandbox that ended.

@@ -1108,8 +1108,12 @@ func (m *Manager) Stats(id string) (runtime.Stats, error) {
 // Reconcile compares the store with the host after a (re)start: running
 // records whose sandbox is still alive are adopted (their TTL re-armed),
 // the rest are ended as orphaned; sandboxes the host holds without a
-// running record are torn down.
+// running record are torn down. The stored team quotas are applied
+// first.
 func (m *Manager) Reconcile(ctx context.Context) error {
+	if err := m.LoadTeamQuotas(ctx); err != nil {
+		return err
+	}
 	recs, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StateRunning, store.StatePaused}})
 	if err != nil {
 		return err
@@ -1195,7 +1199,7 @@ func (m *Manager) adoptGoverned(rec *store.Sandbox) {
 		}
 		m.cfg.Governor.AdoptSandbox(context.Background(), rec.TaskID, rec.ID)
 	}
-	tk := m.cfg.Admission.Adopt(agent)
+	tk := m.cfg.Admission.Adopt(admissionRequest(rec, agent))
 	m.mu.Lock()
 	m.tickets[rec.ID] = tk
 	m.mu.Unlock()

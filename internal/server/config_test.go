@@ -43,6 +43,13 @@ func TestValidateBounds(t *testing.T) {
 		{"egress-max-conns negative", func(c *Config) { c.EgressLimits.MaxConns = -3 }, "egress-max-conns -3: must not be negative"},
 		{"http-stall-timeout negative", func(c *Config) { c.HTTPStallTimeout = -time.Second }, "http-stall-timeout -1s: must not be negative"},
 		{"queue-timeout negative", func(c *Config) { c.Admission.QueueTimeout = -time.Second }, "queue-timeout -1s: must not be negative"},
+		{"team-max-sandboxes negative", func(c *Config) { c.Admission.Team.MaxSandboxes = -1 }, "team-max-sandboxes -1: must be 0..1000000"},
+		{"team-max-cpus negative", func(c *Config) { c.Admission.Team.MaxCPUs = -1 }, "team-max-cpus -1: must be 0..1e+06"},
+		{"team-max-memory-mb over", func(c *Config) { c.Admission.Team.MaxMemoryMB = govern.MaxQuotaMemoryMB + 1 }, "team-max-memory-mb 1099511627777: must be 0..1099511627776"},
+		{"team-create-rate infinite", func(c *Config) { c.Admission.Team.CreateRate = math.Inf(1) }, "team-create-rate +Inf: must be 0..1e+06"},
+		{"team quotas at their ceilings", func(c *Config) {
+			c.Admission.Team = govern.TeamQuota{MaxSandboxes: govern.MaxQuotaSandboxes, MaxPerAgent: 1, MaxCPUs: 0.5, MaxMemoryMB: 1 << 40, CreateRate: 0.1, CreateBurst: 1}
+		}, ""},
 		{"sandbox-net too small", func(c *Config) { c.NetworkRange = netip.MustParsePrefix("10.9.0.0/30") }, "sandbox-net: range 10.9.0.0/30: need an IPv4 prefix of /28 or larger"},
 		{"sandbox-net IPv6", func(c *Config) { c.NetworkRange = netip.MustParsePrefix("fd00::/64") }, "sandbox-net: range fd00::/64"},
 		{"sandbox-net /28", func(c *Config) { c.NetworkRange = netip.MustParsePrefix("10.9.0.0/28") }, ""},

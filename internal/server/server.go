@@ -194,6 +194,12 @@ func (c *Config) Validate() error {
 		nonNegative("agent-rate", c.Admission.AgentRate),
 		nonNegative("agent-burst", c.Admission.AgentBurst),
 		nonNegative("queue-timeout", c.Admission.QueueTimeout),
+		within("team-max-sandboxes", c.Admission.Team.MaxSandboxes, 0, govern.MaxQuotaSandboxes),
+		within("team-max-per-agent", c.Admission.Team.MaxPerAgent, 0, govern.MaxQuotaSandboxes),
+		within("team-max-cpus", c.Admission.Team.MaxCPUs, 0, govern.MaxQuotaCPUs),
+		within("team-max-memory-mb", c.Admission.Team.MaxMemoryMB, 0, govern.MaxQuotaMemoryMB),
+		within("team-create-rate", c.Admission.Team.CreateRate, 0, govern.MaxQuotaRate),
+		within("team-create-burst", c.Admission.Team.CreateBurst, 0, govern.MaxQuotaBurst),
 		within("task-max-calls", c.Budgets.MaxCalls, 0, govern.MaxCallsCeiling),
 		within("task-max-duration", c.Budgets.MaxDuration, 0, govern.MaxDurationCeiling),
 		within("task-max-tokens", c.Budgets.MaxTokens, 0, govern.MaxTokensCeiling),
@@ -416,6 +422,13 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			return out
 		},
 		Admission: func() (int, int) { s := adm.Stats(); return s.Running, s.Waiting },
+		Teams: func() map[string]int {
+			out := map[string]int{}
+			for team, ts := range adm.Stats().Teams {
+				out[team] = ts.Running
+			}
+			return out
+		},
 		Volumes: func(ctx context.Context) (n int, used, size int64, err error) {
 			vs, err := volSvc.List(ctx, "")
 			if err != nil {

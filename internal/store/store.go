@@ -147,6 +147,10 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
 	}
+	if _, err := db.Exec(teamQuotasSchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store: %w", err)
+	}
 	if err := addColumns(db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
