@@ -467,6 +467,16 @@ func (d *Driver) Stats(id string) (runtime.Stats, error) {
 	s.OOMKills = max(s.OOMKills, seen)
 	if !watched {
 		d.adoptOOM(id, s.OOMKills)
+	} else if s.OOMKills > seen {
+		// A count seen here is kept, whatever the watch saw: the
+		// sandbox may die (and its cgroup go, or be left empty) before
+		// the watch's next read, and a later Stats must not report
+		// fewer kills than this one did.
+		d.mu.Lock()
+		if n, ok := d.oom[id]; ok && s.OOMKills > n {
+			d.oom[id] = s.OOMKills
+		}
+		d.mu.Unlock()
 	}
 	s.MemoryBytes, _ = g.MemoryBytes()
 	s.Pids, _ = g.Pids()

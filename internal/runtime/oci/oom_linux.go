@@ -59,6 +59,7 @@ func (d *Driver) watchOOM(id string, exited <-chan struct{}) {
 	for {
 		select {
 		case <-exited:
+			record(false) // a kill just before the exit still counts
 			return
 		case <-t.C:
 			if !record(false) {
