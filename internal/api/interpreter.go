@@ -358,11 +358,22 @@ func (s *Server) e2bExecute(w http.ResponseWriter, r *http.Request, id string) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	emit, started := ndjsonWriter(w)
+	if _, err := s.relayCode(r.Context(), id, body, req, 0, emit); err != nil && !*started {
+		s.codeErr(w, r, id, err, true)
+	}
+}
+
+// ndjsonWriter returns an emit function that writes one NDJSON line to w
+// and flushes it, sending the 200 and the content type with the first
+// line, and whether it has sent anything (an error can still be answered
+// as such until then).
+func ndjsonWriter(w http.ResponseWriter) (emit func([]byte) error, started *bool) {
 	rc := http.NewResponseController(w)
-	started := false
-	emit := func(line []byte) error {
-		if !started {
-			started = true
+	started = new(bool)
+	return func(line []byte) error {
+		if !*started {
+			*started = true
 			w.Header().Set("Content-Type", "application/x-ndjson")
 			w.WriteHeader(http.StatusOK)
 		}
@@ -370,13 +381,7 @@ func (s *Server) e2bExecute(w http.ResponseWriter, r *http.Request, id string) {
 			return err
 		}
 		return rc.Flush()
-	}
-	if _, err := s.relayCode(r.Context(), id, body, req, 0, emit); err != nil {
-		if started {
-			return
-		}
-		s.codeErr(w, r, id, err, true)
-	}
+	}, started
 }
 
 // codeErr answers a run that did not start: the interpreter's own
@@ -445,20 +450,8 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if opts.Stream {
-		rc := http.NewResponseController(w)
-		started := false
-		emit := func(line []byte) error {
-			if !started {
-				started = true
-				w.Header().Set("Content-Type", "application/x-ndjson")
-				w.WriteHeader(http.StatusOK)
-			}
-			if _, err := w.Write(append(line, '\n')); err != nil {
-				return err
-			}
-			return rc.Flush()
-		}
-		if _, err := s.relayCode(r.Context(), id, body, req, timeout, emit); err != nil && !started {
+		emit, started := ndjsonWriter(w)
+		if _, err := s.relayCode(r.Context(), id, body, req, timeout, emit); err != nil && !*started {
 			s.codeErr(w, r, id, err, false)
 		}
 		return

@@ -2,16 +2,13 @@ package integration
 
 import (
 	"bufio"
-	"bytes"
 	"compress/gzip"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -40,18 +37,7 @@ func TestAuditEgress(t *testing.T) {
 // cliAt runs the corral binary against server s.
 func cliAt(t *testing.T, s *netServer, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(env.bin, args...)
-	cmd.Env = append(os.Environ(), "CORRAL_URL="+s.ts.URL, "CORRAL_API_KEY="+s.ts.Key)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return out.String(), errb.String(), ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), 0
+	return cliAs(t, s.ts.URL, s.ts.Key, "", args...)
 }
 
 // newTask creates a task that will not trip during a test: many calls

@@ -15,8 +15,16 @@ import (
 // stdout, stderr and the exit code.
 func corralCLI(t *testing.T, stdin string, args ...string) (string, string, int) {
 	t.Helper()
+	return cliAs(t, env.url, env.key, stdin, args...)
+}
+
+// cliAs runs the corral binary against the server at url with API key
+// key and stdin, and returns stdout, stderr and the exit code: the one
+// way the tests run the CLI.
+func cliAs(t *testing.T, url, key, stdin string, args ...string) (string, string, int) {
+	t.Helper()
 	cmd := exec.Command(env.bin, args...)
-	cmd.Env = append(os.Environ(), "CORRAL_URL="+env.url, "CORRAL_API_KEY="+env.key)
+	cmd.Env = append(os.Environ(), "CORRAL_URL="+url, "CORRAL_API_KEY="+key)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

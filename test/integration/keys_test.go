@@ -1,11 +1,8 @@
 package integration
 
 import (
-	"bytes"
-	"errors"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,18 +13,7 @@ import (
 // returns stdout, stderr and the exit code.
 func cliWithKey(t *testing.T, url, key string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(env.bin, args...)
-	cmd.Env = append(os.Environ(), "CORRAL_URL="+url, "CORRAL_API_KEY="+key)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return out.String(), errb.String(), ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), 0
+	return cliAs(t, url, key, "", args...)
 }
 
 // statusWith answers the status of GET url+path with key.

@@ -6,8 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -35,19 +33,7 @@ func teamKey(t *testing.T, team string) string {
 // corralCLIAs is corralCLI with another API key.
 func corralCLIAs(t *testing.T, key string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(env.bin, args...)
-	cmd.Env = append(os.Environ(), "CORRAL_URL="+env.url, "CORRAL_API_KEY="+key)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
+	return cliAs(t, env.url, key, "", args...)
 }
 
 // TestTeamsEndToEnd defends against one team's agents reaching another
