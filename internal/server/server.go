@@ -395,6 +395,11 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
+	if err := registerCodeInterpreter(ctx, cfg, reg); err != nil {
+		al.Close()
+		st.Close()
+		return nil, err
+	}
 	lockDownDirs(cfg)
 	agentBin, err := installAgent(cfg.AgentBinary, cfg.DataDir)
 	if err != nil {
@@ -778,6 +783,22 @@ func ensureBase(ctx context.Context, cfg Config, reg *registry.Registry) error {
 		return err
 	}
 	return reg.RegisterBase(ctx, t)
+}
+
+// registerCodeInterpreter registers the cached build of this corral's
+// code-interpreter recipe for the data dir's uid range, if there is one
+// (corral template build-code-interpreter makes it): a new data dir
+// finds the template without a build, and a corral with a new
+// interpreter server makes its build current. Nothing is built here.
+func registerCodeInterpreter(ctx context.Context, cfg Config, reg *registry.Registry) error {
+	t, err := template.CachedCodeInterpreter(cfg.TemplateCache, template.CodeInterpreterOptions{IDBase: cfg.IDRange.Base})
+	if err != nil {
+		return nil // not built: creates naming it are refused as unknown
+	}
+	if err := checkTemplateBase(t, cfg.IDRange); err != nil {
+		return err
+	}
+	return reg.RegisterCodeInterpreter(ctx, t)
 }
 
 // checkTemplateBase refuses a template whose files are shifted to another

@@ -266,7 +266,7 @@ func (r *Registry) Delete(ctx context.Context, ref string) error {
 		return err
 	}
 	if tv.Source == SourceBase {
-		users = append(users, "the server (the built-in base template)")
+		users = append(users, "the server (the built-in "+name+" template)")
 	}
 	if len(users) > 0 {
 		return &ConflictError{Msg: fmt.Sprintf("template %s is in use by %s", ref, strings.Join(users, ", "))}
