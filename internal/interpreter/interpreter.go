@@ -27,9 +27,13 @@ const ServerPath = "/usr/lib/corral/interpreter/server.py"
 // context.
 const Workdir = "/home/user"
 
+// LogPath is where the server (and whatever its kernels write to their
+// standard error outside Python) logs, inside the sandbox.
+const LogPath = "/tmp/corral-interpreter.log"
+
 // StartCommand is the template's start command: the server, run by the
 // sandbox user at every create (see store.TemplateConfig.Start).
-const StartCommand = "exec /usr/bin/python3 -u " + ServerPath
+const StartCommand = "exec /usr/bin/python3 -u " + ServerPath + " >>" + LogPath + " 2>&1"
 
 // Server returns the server's source (a copy).
 func Server() []byte { return append([]byte(nil), server...) }

@@ -104,9 +104,17 @@ def __corral_setup():
             return r if isinstance(r, dict) else None
 
     class ChartFormatter(BaseFormatter):
+        # Not registered by type: the inline backend removes every
+        # formatter's printer for Figure when pyplot is first imported.
         format_type = Unicode("e2b/chart")
         print_method = ObjectName("_repr_e2b_chart_")
-        def _check_return(self, r, obj):
+        def __call__(self, obj):
+            if not self.enabled or not any(c.__name__ == "Figure" and c.__module__ == "matplotlib.figure" for c in type(obj).__mro__):
+                return None
+            try:
+                r = chart(obj)
+            except Exception:
+                return None
             return r if isinstance(r, dict) else None
 
     def frame(df):
@@ -177,9 +185,7 @@ def __corral_setup():
     data = DataFormatter(parent=ip.display_formatter)
     data.for_type_by_name("pandas.core.frame", "DataFrame", safe(frame))
     ip.display_formatter.formatters["e2b/data"] = data
-    ch = ChartFormatter(parent=ip.display_formatter)
-    ch.for_type_by_name("matplotlib.figure", "Figure", safe(chart))
-    ip.display_formatter.formatters["e2b/chart"] = ch
+    ip.display_formatter.formatters["e2b/chart"] = ChartFormatter(parent=ip.display_formatter)
 
 __corral_setup()
 del __corral_setup
@@ -427,6 +433,8 @@ class Context:
                 del env[k]
         env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # ipykernel's debugger otherwise warns on every kernel's stderr.
+        env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
         env["JPY_PARENT_PID"] = str(os.getpid())
         return env
 
@@ -477,16 +485,23 @@ class Context:
             if msg["msg_type"] == "error":
                 log("context", self.id, "silent code failed:", msg["content"].get("ename"), msg["content"].get("evalue"))
             if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
-                self._drain_shell()
-                return True
+                status = self._reply_status(msg_id)
+                if status != "ok":
+                    log("context", self.id, "silent code ended with status", status)
+                return status == "ok"
         return False
 
-    def _drain_shell(self):
-        while True:
+    def _reply_status(self, msg_id, timeout=5.0):
+        """Reads the shell replies up to msg_id's and returns its status."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             try:
-                self.kc.get_shell_msg(timeout=0)
+                reply = self.kc.get_shell_msg(timeout=POLL_SECONDS)
             except queue.Empty:
-                return
+                continue
+            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                return reply.get("content", {}).get("status")
+        return None
 
     def _exit_description(self):
         code = None
@@ -516,8 +531,12 @@ class Context:
             self._restart()
             log("context", self.id, "restarted a dead kernel:", why)
         if run.env_vars:
-            self._silent("import os as __corral_os\n__corral_saved_env = {k: __corral_os.environ.get(k) for k in %r}\n__corral_os.environ.update(%r)\ndel __corral_os"
-                         % (list(run.env_vars), run.env_vars))
+            setter = ("import os as __corral_os\n__corral_saved_env = {k: __corral_os.environ.get(k) for k in %r}\n"
+                      "__corral_os.environ.update(%r)\ndel __corral_os" % (list(run.env_vars), run.env_vars))
+            if not (self._silent(setter) or self._silent(setter)):
+                run.emit({"type": "error", "name": "ExecutionAborted", "value": "the run's env_vars could not be set; the code did not run", "traceback": ""})
+                run.finish()
+                return
         started = time.monotonic()
         deadline = started + run.timeout if run.timeout else None
         msg_id = self.kc.execute(run.code, silent=False, store_history=True, allow_stdin=False, stop_on_error=True)
@@ -577,7 +596,7 @@ class Context:
                               "traceback": "\n".join(content.get("traceback", []))})
         took = time.monotonic() - started
         if outcome == "idle":
-            self._drain_shell()
+            self._reply_status(msg_id)
         if outcome in ("died", "stuck"):
             why = self._exit_description() if outcome == "died" else None
             self._restart()

@@ -23,11 +23,15 @@ const CodeInterpreterName = interpreter.TemplateName
 // CodeInterpreterPackages returns the Debian packages installed (with
 // apt-get, without recommended packages) on top of the base template's:
 // Jupyter's kernel and client, matplotlib, pandas, numpy, Pillow and a font
-// for matplotlib.
+// for matplotlib. python3-munkres is listed so that python3-fonttools'
+// dependency "python3-scipy | python3-munkres" is met by the small one:
+// apt picks the first alternative, and scipy pulls in pythran with a C++
+// compiler and Boost (about 800 MB).
 func CodeInterpreterPackages() []string {
 	return []string{
 		"python3-ipykernel", "python3-jupyter-client", "python3-matplotlib",
 		"python3-pandas", "python3-numpy", "python3-pil", "fonts-dejavu-core",
+		"python3-munkres",
 	}
 }
 

@@ -29,11 +29,13 @@ type ciSandbox struct {
 // (for its access token) and waits until its server answers /health.
 func newInterpreter(t *testing.T) *ciSandbox {
 	t.Helper()
-	var tv []struct {
-		Name string `json:"name"`
+	var tv struct {
+		Templates []struct {
+			Name string `json:"name"`
+		} `json:"templates"`
 	}
 	call(t, "GET", "/v1/templates?name=code-interpreter", nil, &tv)
-	if len(tv) == 0 {
+	if len(tv.Templates) == 0 {
 		t.Fatal("the code-interpreter template is not built for this host's uid range: run `make code-interpreter` " +
 			"(corral template build-code-interpreter); tests never download it")
 	}
@@ -41,16 +43,31 @@ func newInterpreter(t *testing.T) *ciSandbox {
 		SandboxID       string `json:"sandboxID"`
 		EnvdAccessToken string `json:"envdAccessToken"`
 	}
+	start := time.Now()
 	status, _, body := rest(t, env.url, env.key, "POST", "/sandboxes", map[string]any{"templateID": "code-interpreter", "timeout": 600}, &sb)
 	if status != 201 || sb.SandboxID == "" {
 		t.Fatalf("E2B create of code-interpreter: %d %s", status, body)
 	}
 	t.Cleanup(func() { rest(t, env.url, env.key, "DELETE", "/sandboxes/"+sb.SandboxID, nil, nil) })
 	s := &ciSandbox{id: sb.SandboxID, token: sb.EnvdAccessToken, client: &http.Client{Timeout: 2 * time.Minute}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the interpreter server's log:\n%s", sh(t, s.id, "tail -c 8000 /tmp/corral-interpreter.log").Stdout)
+		}
+	})
 	waitFor(t, "the interpreter server's /health", 60*time.Second, func() bool {
 		code, b := s.do(t, "GET", "/health", nil)
 		return code == 200 && strings.TrimSpace(b) == `"OK"`
 	})
+	healthy := time.Since(start)
+	if got := mainText(t, s.exec(t, map[string]any{"code": "1 + 1"})); got != "2" {
+		t.Fatalf("first run: %q", got)
+	}
+	first := time.Since(start)
+	runStart := time.Now()
+	s.exec(t, map[string]any{"code": "1 + 1"})
+	t.Logf("code-interpreter sandbox: created and server healthy after %s, first run (kernel start) done after %s; a warm run of 1 + 1 took %s",
+		healthy.Round(time.Millisecond), first.Round(time.Millisecond), time.Since(runStart).Round(time.Millisecond))
 	return s
 }
 
