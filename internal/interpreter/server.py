@@ -876,7 +876,7 @@ class Server(ThreadingHTTPServer):
 
 def main():
     srv = Server((HOST, PORT), Handler)
-    log("listening on %s:%d" % (HOST, PORT))
+    log("listening on %s:%d" % srv.server_address[:2])
 
     def default():
         try:

@@ -33,8 +33,10 @@ import (
 
 // Sources of a template version.
 const (
-	// SourceBase is the base template built by debootstrap (and any
-	// build registered by a symbolic link in an old data dir).
+	// SourceBase is a template corral builds itself with debootstrap:
+	// the base and code-interpreter templates (and any build
+	// registered by a symbolic link in an old data dir). The server
+	// needs them: they cannot be deleted.
 	SourceBase = "debootstrap"
 	// SourceBuild is a build from a spec.
 	SourceBuild = "build"
