@@ -112,7 +112,7 @@ test('an unknown language is refused', async (t) => {
 
 test('env vars apply to their run only', async (t) => {
   const sbx = await newInterpreter(t)
-  const code = 'import os\nos.environ.get("CI_VAR")'
+  const code = 'import os\nstr(os.environ.get("CI_VAR"))'
   assert.equal((await sbx.runCode(code, { envs: { CI_VAR: 'per-run' } })).text, 'per-run')
   assert.equal((await sbx.runCode(code)).text, 'None')
 })

