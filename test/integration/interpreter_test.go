@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	corral "github.com/corralhq/corral/sdk/go"
 )
 
 // ciLine is one line of the code interpreter's NDJSON stream.
@@ -387,4 +389,40 @@ func TestInterpreterInterrupts(t *testing.T) {
 		// The interrupted run left no error behind for the next caller.
 		noError(t, lines)
 	})
+}
+
+// TestInterpreterPool: the code-interpreter template works with a warm
+// pool: a create takes the pooled sandbox (a pool hit), whose server is
+// started at the claim, and runs code with state kept between runs.
+func TestInterpreterPool(t *testing.T) {
+	need(t)
+	ctx := context.Background()
+	c := corral.New(env.url, env.key)
+	if _, err := c.SetPool(ctx, "code-interpreter", 1, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = c.SetPool(context.Background(), "code-interpreter", 0, 0, 0) })
+	pool := func() corral.Pool {
+		ps, err := c.Pools(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ps {
+			if p.Template == "code-interpreter" {
+				return p
+			}
+		}
+		t.Fatalf("no code-interpreter pool in %v", ps)
+		return corral.Pool{}
+	}
+	waitFor(t, "the code-interpreter pool to fill", 2*time.Minute, func() bool { return pool().Idle == 1 })
+	hits := pool().Hits
+	s := newInterpreter(t)
+	if got := pool().Hits; got != hits+1 {
+		t.Fatalf("pool hits %d after the create, want %d: the create did not take the pooled sandbox", got, hits+1)
+	}
+	noError(t, s.exec(t, map[string]any{"code": "pooled = 'yes'"}))
+	if got := mainText(t, s.exec(t, map[string]any{"code": "pooled"})); got != "yes" {
+		t.Fatalf("state in the pooled sandbox: %q", got)
+	}
 }
