@@ -1,6 +1,7 @@
 # corral — two commands do everything on a fresh Debian 12 machine (as root):
 #   make run    installs what is missing, builds corral and the base template, starts the server
 #   make test   installs what is missing and runs every test, integration tests included
+#               (building the code-interpreter template once, when it is missing)
 
 GO       ?= go
 BIN      := bin/corral
@@ -10,7 +11,7 @@ LISTEN   ?= 127.0.0.1:7420
 # the Python SDK is installed into a venv and tested, test/integration/python_test.go).
 DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates python3 python3-venv
 
-.PHONY: run test build deps e2b-deps mcp-deps vet bench proto clean
+.PHONY: run test build deps e2b-deps mcp-deps code-interpreter vet bench proto clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/corral
@@ -37,6 +38,17 @@ mcp-deps:
 	@test -d test/mcp/node_modules/@modelcontextprotocol/sdk && cmp -s test/mcp/package-lock.json test/mcp/node_modules/.package-lock.json.src 2>/dev/null || \
 		{ npm ci --prefix test/mcp --no-audit --no-fund --loglevel=error && cp test/mcp/package-lock.json test/mcp/node_modules/.package-lock.json.src; }
 
+# The code-interpreter template the integration tests start, built only
+# when the cache (by content, under /var/cache/corral/templates) lacks it:
+# the build fetches Debian packages, the tests never do. It is built for
+# the uid range a test server picks, from copies of the host's id files
+# (so nothing is recorded in /etc), and registered in a throwaway data dir;
+# each test server registers the cached build at start.
+code-interpreter: build
+	@tmp=$$(mktemp -d) && mkdir $$tmp/etc && \
+	for f in subuid subgid passwd group; do cat /etc/$$f > $$tmp/etc/$$f 2>/dev/null || : > $$tmp/etc/$$f; done && \
+	$(BIN) template build-code-interpreter --data $$tmp/data --id-files $$tmp/etc; rc=$$?; rm -rf $$tmp; exit $$rc
+
 run: deps build
 	$(BIN) serve --listen $(LISTEN) --data $(DATA)
 
@@ -44,7 +56,7 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
-test: deps e2b-deps mcp-deps build vet
+test: deps e2b-deps mcp-deps build code-interpreter vet
 	$(GO) test -count=1 -timeout 45m ./...
 
 bench: deps build

@@ -106,6 +106,7 @@ func serveFlags(o *serveOptions) *pflag.FlagSet {
 	f.BoolVar(&cfg.Insecure, "insecure", false, "allow plain HTTP on a --listen address that is not loopback (API keys would cross the network in clear text)")
 	f.StringVar(&cfg.DataDir, "data", server.DefaultDataDir, "data directory (database, admin key, sandbox state)")
 	f.StringVar(&cfg.TemplateCache, "template-cache", template.DefaultCache, "template build cache")
+	f.BoolVar(&cfg.BuildCodeInterpreter, "build-code-interpreter", false, "build the code-interpreter template in the background at start when the cache lacks it (fetches Debian packages; corral template build-code-interpreter does it in the foreground)")
 	f.IntVar(&cfg.MaxOutput, "max-output", api.DefaultMaxOutput, "bytes of stdout and of stderr an exec call returns (the tail is kept)")
 	f.IntVar(&cfg.Admission.MaxConcurrent, "max-sandboxes", govern.DefaultMaxConcurrent, "maximum number of running sandboxes (global admission limit)")
 	f.IntVar(&cfg.Admission.MaxPerAgent, "max-per-agent", govern.DefaultMaxPerAgent, "running sandboxes per named agent (sandboxes without an agent count only globally)")

@@ -46,28 +46,68 @@ see --uid-range).`,
 			if err != nil {
 				return err
 			}
-			st, err := store.Open(filepath.Join(data, "corral.db"))
+			return registerLocal(cmd, data, func(reg *registry.Registry) error { return reg.RegisterBase(cmd.Context(), t) },
+				"base:"+t.Version, t)
+		},
+	}
+	ci := &cobra.Command{
+		Use:   "build-code-interpreter",
+		Short: "Build the code-interpreter template (once; cached by content) and register it as \"code-interpreter\"",
+		Long: `Build the code-interpreter template: the base template plus Debian's
+python3-ipykernel, python3-jupyter-client, python3-matplotlib, python3-pandas,
+python3-numpy, python3-pil and fonts-dejavu-core (installed with apt-get from
+the Debian mirror, nothing from elsewhere), and corral's code-interpreter
+server, which its sandboxes start on port 49999 (docs/interpreter.md). The
+build is cached by the digest of its recipe (package lists, the server's
+source, the setup scripts) under the template cache; an unchanged recipe is
+never rebuilt. It is registered published (for every team); corral serve
+also registers a cached build at start. Needs root and debootstrap.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			data := firstNonEmpty(g.dataDir, os.Getenv("CORRAL_DATA"), server.DefaultDataDir)
+			if err := os.MkdirAll(data, 0o711); err != nil {
+				return err
+			}
+			r, err := server.ResolveIDRange(data, ids, idFiles)
 			if err != nil {
 				return err
 			}
-			defer st.Close()
-			reg := registry.New(st, registry.Config{})
-			if err := reg.MigrateLinks(cmd.Context(), filepath.Join(data, "templates")); err != nil {
+			t, err := template.BuildCodeInterpreter(cmd.Context(), cache, template.CodeInterpreterOptions{Progress: os.Stderr, Mirror: mirror, IDBase: r.Base})
+			if err != nil {
 				return err
 			}
-			if err := reg.RegisterBase(cmd.Context(), t); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "base:%s %s (%d MB)\n", t.Version, t.Dir, t.Size>>20)
-			return nil
+			return registerLocal(cmd, data, func(reg *registry.Registry) error { return reg.RegisterCodeInterpreter(cmd.Context(), t) },
+				template.CodeInterpreterName+":"+t.Version, t)
 		},
 	}
-	build.Flags().StringVar(&cache, "template-cache", "", "template build cache (default /var/cache/corral/templates or $CORRAL_TEMPLATE_CACHE)")
-	build.Flags().StringVar(&mirror, "mirror", "", "Debian mirror (default "+template.DefaultMirror+")")
-	build.Flags().Var(idRangeFlag{&ids}, "uid-range", "host uid/gid range of the data dir, BASE[:65536] (default: as corral serve picks it)")
-	build.Flags().Var(idFilesFlag{&idFiles}, "id-files", "read subuid, subgid, passwd and group from DIR instead of /etc (for tests)")
-	_ = build.Flags().MarkHidden("id-files")
-	cmd.AddCommand(build)
+	for _, c := range []*cobra.Command{build, ci} {
+		c.Flags().StringVar(&cache, "template-cache", "", "template build cache (default /var/cache/corral/templates or $CORRAL_TEMPLATE_CACHE)")
+		c.Flags().StringVar(&mirror, "mirror", "", "Debian mirror (default "+template.DefaultMirror+")")
+		c.Flags().Var(idRangeFlag{&ids}, "uid-range", "host uid/gid range of the data dir, BASE[:65536] (default: as corral serve picks it)")
+		c.Flags().Var(idFilesFlag{&idFiles}, "id-files", "read subuid, subgid, passwd and group from DIR instead of /etc (for tests)")
+		_ = c.Flags().MarkHidden("id-files")
+		cmd.AddCommand(c)
+	}
 	addTemplateClientCmds(cmd, g)
 	return cmd
+}
+
+// registerLocal records a build in the data dir's registry (after moving
+// an old data dir's template links into it) and prints ref, its build dir
+// and size.
+func registerLocal(cmd *cobra.Command, data string, register func(*registry.Registry) error, ref string, t template.Template) error {
+	st, err := store.Open(filepath.Join(data, "corral.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	reg := registry.New(st, registry.Config{})
+	if err := reg.MigrateLinks(cmd.Context(), filepath.Join(data, "templates")); err != nil {
+		return err
+	}
+	if err := register(reg); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%d MB)\n", ref, t.Dir, t.Size>>20)
+	return nil
 }

@@ -64,6 +64,10 @@ type Config struct {
 	DataDir string
 	// TemplateCache holds template builds (default /var/cache/corral/templates).
 	TemplateCache string
+	// BuildCodeInterpreter builds the code-interpreter template in the
+	// background at start when the cache lacks this corral's build
+	// (--build-code-interpreter); it registers the build when done.
+	BuildCodeInterpreter bool
 	// MaxOutput bounds stdout/stderr returned by exec (default 1 MiB each).
 	MaxOutput int
 	// KillGrace is the time between SIGTERM and SIGKILL when a sandbox is
@@ -329,6 +333,7 @@ type Server struct {
 
 	stopWatchdog  context.CancelFunc
 	stopRetention func() // stops the retention loop and waits for it
+	stopBuild     func() // cancels a background code-interpreter build and waits for it
 
 	templates *registry.Registry
 }
@@ -394,6 +399,16 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		al.Close()
 		st.Close()
 		return nil, err
+	}
+	built, err := registerCodeInterpreter(ctx, cfg, reg)
+	if err != nil {
+		al.Close()
+		st.Close()
+		return nil, err
+	}
+	stopBuild := func() {}
+	if cfg.BuildCodeInterpreter && !built {
+		stopBuild = buildCodeInterpreter(cfg, reg)
 	}
 	lockDownDirs(cfg)
 	agentBin, err := installAgent(cfg.AgentBinary, cfg.DataDir)
@@ -535,7 +550,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	meter.Start()
 	return &Server{cfg: cfg, Store: st, Manager: mgr, Volumes: volSvc, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
 		Redactor: red, Governor: gov, Watchdog: wd, Usage: meter, stopWatchdog: wcancel, templates: reg, summary: sum,
-		stopRetention: func() { rcancel(); <-rdone }}, nil
+		stopRetention: func() { rcancel(); <-rdone }, stopBuild: stopBuild}, nil
 }
 
 // InstanceTagLen is the length of a server's instance tag: 5 hex digits
@@ -596,6 +611,7 @@ func openGateway(cfg Config, al *audit.Log, sum *egress.Summarizer, meter *usage
 func (s *Server) Close(ctx context.Context) error {
 	s.stopWatchdog()
 	s.stopRetention()
+	s.stopBuild()
 	s.Manager.Shutdown(ctx, s.cfg.KillOnShutdown)
 	var errs []error
 	if s.Gateway != nil {
@@ -778,6 +794,48 @@ func ensureBase(ctx context.Context, cfg Config, reg *registry.Registry) error {
 		return err
 	}
 	return reg.RegisterBase(ctx, t)
+}
+
+// registerCodeInterpreter registers the cached build of this corral's
+// code-interpreter recipe for the data dir's uid range, if there is one
+// (corral template build-code-interpreter makes it), and reports whether
+// there was: a new data dir finds the template without a build, and a
+// corral with a new interpreter server makes its build current. Nothing
+// is built here.
+func registerCodeInterpreter(ctx context.Context, cfg Config, reg *registry.Registry) (bool, error) {
+	t, err := template.CachedCodeInterpreter(cfg.TemplateCache, template.CodeInterpreterOptions{IDBase: cfg.IDRange.Base})
+	if err != nil {
+		return false, nil // not built: creates naming it are refused as unknown
+	}
+	if err := checkTemplateBase(t, cfg.IDRange); err != nil {
+		return false, err
+	}
+	return true, reg.RegisterCodeInterpreter(ctx, t)
+}
+
+// buildCodeInterpreter builds and registers the code-interpreter template
+// in the background (--build-code-interpreter); until it is done, creates
+// naming it are refused as unknown. The returned func cancels the build
+// (which then leaves nothing behind) and waits for it.
+func buildCodeInterpreter(cfg Config, reg *registry.Registry) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cfg.Log.Info("building the code-interpreter template in the background")
+		t, err := template.BuildCodeInterpreter(ctx, cfg.TemplateCache, template.CodeInterpreterOptions{Progress: cfg.Progress, IDBase: cfg.IDRange.Base})
+		if err == nil {
+			err = reg.RegisterCodeInterpreter(ctx, t)
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				cfg.Log.Error("code-interpreter template build", "err", err)
+			}
+			return
+		}
+		cfg.Log.Info("code-interpreter template ready", "version", t.Version, "bytes", t.Size)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // checkTemplateBase refuses a template whose files are shifted to another

@@ -36,21 +36,38 @@ import (
 // then returns the first one's result. An empty cacheDir means
 // DefaultCacheDir(). Building needs root and debootstrap.
 func BuildBase(ctx context.Context, cacheDir string, opts BaseOptions) (Template, error) {
+	return build(ctx, cacheDir, opts.recipe())
+}
+
+// BuildCodeInterpreter builds the code-interpreter template (the base
+// template's recipe plus CodeInterpreterPackages from Debian and the
+// interpreter server) into cacheDir, or returns the cached build, exactly
+// as BuildBase does: the build dir is
+// <cacheDir>/code-interpreter-<first 16 hex digits of opts.Digest()>, a
+// failed or cancelled build leaves nothing behind and concurrent builds
+// of one recipe are serialized.
+func BuildCodeInterpreter(ctx context.Context, cacheDir string, opts CodeInterpreterOptions) (Template, error) {
+	return build(ctx, cacheDir, opts.recipe())
+}
+
+// build builds recipe r into cacheDir (see BuildBase).
+func build(ctx context.Context, cacheDir string, r recipe) (Template, error) {
+	what := "build " + r.name + " template"
 	if cacheDir == "" {
 		cacheDir = DefaultCacheDir()
 	}
+	opts := r.opts
 	if err := (idrange.Range{Base: opts.IDBase, Count: idrange.Count}).Validate(); err != nil {
-		return Template{}, fmt.Errorf("build base template: %w", err)
+		return Template{}, fmt.Errorf("%s: %w", what, err)
 	}
-	pkgs := opts.packages()
-	if err := validatePackages(pkgs); err != nil {
-		return Template{}, fmt.Errorf("build base template: %w", err)
+	if err := validatePackages(r.allPackages()); err != nil {
+		return Template{}, fmt.Errorf("%s: %w", what, err)
 	}
-	digest := opts.Digest()
-	name := baseDirName(digest)
+	digest := r.digest
+	name := r.dirName
 	cacheDir, err := filepath.Abs(cacheDir)
 	if err != nil {
-		return Template{}, fmt.Errorf("build base template: cache dir: %w", err)
+		return Template{}, fmt.Errorf("%s: cache dir: %w", what, err)
 	}
 	final := filepath.Join(cacheDir, name)
 
@@ -58,17 +75,17 @@ func BuildBase(ctx context.Context, cacheDir string, opts BaseOptions) (Template
 		return t, nil
 	}
 	if os.Geteuid() != 0 {
-		return Template{}, fmt.Errorf("build base template %s: building needs root (debootstrap, chroot, chown)", name)
+		return Template{}, fmt.Errorf("%s %s: building needs root (debootstrap, chroot, chown)", what, name)
 	}
 	if err := PrivateDir(cacheDir); err != nil {
-		return Template{}, fmt.Errorf("build base template: %w", err)
+		return Template{}, fmt.Errorf("%s: %w", what, err)
 	}
-	prog := newProgress(opts.Progress)
+	prog := newProgress(opts.Progress, r.name)
 	unlock, err := lockFile(ctx, filepath.Join(cacheDir, "."+name+".lock"), func() {
 		prog.step("waiting for another build of %s", name)
 	})
 	if err != nil {
-		return Template{}, fmt.Errorf("build base template %s: %w", name, err)
+		return Template{}, fmt.Errorf("%s %s: %w", what, name, err)
 	}
 	defer unlock()
 
@@ -76,7 +93,7 @@ func BuildBase(ctx context.Context, cacheDir string, opts BaseOptions) (Template
 	if _, err := os.Lstat(final); err == nil {
 		t, err := openBuild(final, digest)
 		if err != nil {
-			return Template{}, fmt.Errorf("build base template: %s exists but is not a complete build (remove it to rebuild): %w", final, err)
+			return Template{}, fmt.Errorf("%s: %s exists but is not a complete build (remove it to rebuild): %w", what, final, err)
 		}
 		return t, nil
 	}
@@ -85,39 +102,28 @@ func BuildBase(ctx context.Context, cacheDir string, opts BaseOptions) (Template
 	stale, _ := filepath.Glob(filepath.Join(cacheDir, ".tmp-"+name+"-*"))
 	for _, d := range stale {
 		if err := removeTree(d); err != nil {
-			return Template{}, fmt.Errorf("build base template %s: remove stale build: %w", name, err)
+			return Template{}, fmt.Errorf("%s %s: remove stale build: %w", what, name, err)
 		}
 	}
 
 	tmp, err := os.MkdirTemp(cacheDir, ".tmp-"+name+"-")
 	if err != nil {
-		return Template{}, fmt.Errorf("build base template %s: %w", name, err)
+		return Template{}, fmt.Errorf("%s %s: %w", what, name, err)
 	}
-	t, err := buildBaseInto(ctx, tmp, final, opts, pkgs, digest, prog)
+	t, err := buildInto(ctx, tmp, final, r, prog)
 	if err != nil {
 		if rerr := removeTree(tmp); rerr != nil {
 			err = fmt.Errorf("%w (and removing the partial build failed: %v)", err, rerr)
 		}
 		prog.fail(err)
-		return Template{}, fmt.Errorf("build base template %s: %w", name, err)
+		return Template{}, fmt.Errorf("%s %s: %w", what, name, err)
 	}
 	return t, nil
 }
 
-// openBuild opens the build dir dir and checks it was built from digest.
-func openBuild(dir, digest string) (Template, error) {
-	t, err := Open(dir)
-	if err != nil {
-		return Template{}, err
-	}
-	if t.Digest != digest {
-		return Template{}, fmt.Errorf("template %s has digest %s, want %s", dir, t.Digest, digest)
-	}
-	return t, nil
-}
-
-// buildBaseInto builds the base template in tmp and renames tmp to final.
-func buildBaseInto(ctx context.Context, tmp, final string, opts BaseOptions, pkgs []string, digest string, prog *progress) (Template, error) {
+// buildInto builds recipe r in tmp and renames tmp to final.
+func buildInto(ctx context.Context, tmp, final string, r recipe, prog *progress) (Template, error) {
+	opts, pkgs, digest := r.opts, r.packages, r.digest
 	start := time.Now()
 	logf, err := os.OpenFile(filepath.Join(tmp, BuildLogFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -131,7 +137,7 @@ func buildBaseInto(ctx context.Context, tmp, final string, opts BaseOptions, pkg
 		return Template{}, err
 	}
 	args := []string{"--variant=minbase", "--include=" + strings.Join(pkgs, ","), BaseSuite, rootfs, opts.mirror()}
-	fmt.Fprintf(logf, "# corral base template, recipe %d, digest %s\n# %s %s\n", RecipeVersion, digest, bin, strings.Join(args, " "))
+	fmt.Fprintf(logf, "# corral %s template, recipe %d, digest %s\n# %s %s\n", r.name, r.recipeVersion, digest, bin, strings.Join(args, " "))
 	prog.step("debootstrap %s (%d packages asked for) from %s", BaseSuite, len(pkgs), opts.mirror())
 	cmd := exec.CommandContext(ctx, bin, args...)
 	if err := runLogged(cmd, logf, prog.line); err != nil {
@@ -143,16 +149,28 @@ func buildBaseInto(ctx context.Context, tmp, final string, opts BaseOptions, pkg
 		return Template{}, err
 	}
 
+	if len(r.extra) > 0 {
+		prog.step("apt-get install %d packages: %s", len(r.extra), strings.Join(r.extra, " "))
+		script := "set -eu\napt-get update -q\napt-get install -y -q --no-install-recommends " + strings.Join(r.extra, " ") + "\n"
+		if err := runChroot(ctx, rootfs, tmp, script, logf, prog.aptLine); err != nil {
+			return Template{}, fmt.Errorf("install packages: %w", err)
+		}
+	}
 	prog.step("setting up user, sudo, hostname; removing caches")
-	fmt.Fprintf(logf, "# setup script (in chroot)\n%s", baseSetupScript)
-	setup := exec.CommandContext(ctx, "/bin/sh", "-c", baseSetupScript)
-	setup.Dir = "/"
-	setup.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
-	if err := runLogged(setup, logf, nil); err != nil {
+	if err := runChroot(ctx, rootfs, tmp, baseSetupScript, logf, nil); err != nil {
 		return Template{}, fmt.Errorf("setup script: %w", err)
 	}
-	if err := unmountUnder(tmp); err != nil {
-		return Template{}, err
+	if r.script != "" {
+		prog.step("setting up the %s template", r.name)
+		if err := runChroot(ctx, rootfs, tmp, r.script, logf, prog.line); err != nil {
+			return Template{}, fmt.Errorf("%s setup script: %w", r.name, err)
+		}
+	}
+	for _, f := range r.files {
+		fmt.Fprintf(logf, "# write %s (mode %o, %d bytes)\n", f.Path, f.Mode, len(f.Content))
+		if err := writeRootFile(rootfs, f); err != nil {
+			return Template{}, err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return Template{}, err
@@ -171,15 +189,15 @@ func buildBaseInto(ctx context.Context, tmp, final string, opts BaseOptions, pkg
 		return Template{}, err
 	}
 	m := Manifest{
-		Name:          BaseName,
-		Version:       baseVersion(digest),
+		Name:          r.name,
+		Version:       r.version,
 		Digest:        digest,
 		Size:          size,
 		Created:       time.Now().UTC(),
-		Packages:      pkgs,
+		Packages:      r.allPackages(),
 		Suite:         BaseSuite,
 		Mirror:        opts.mirror(),
-		RecipeVersion: RecipeVersion,
+		RecipeVersion: r.recipeVersion,
 		IDBase:        opts.IDBase,
 	}
 	m.BuildSeconds = m.Created.Sub(start).Seconds()
@@ -192,6 +210,44 @@ func buildBaseInto(ctx context.Context, tmp, final string, opts BaseOptions, pkg
 	}
 	prog.done("built %s in %s, %d MB", filepath.Base(final), time.Since(start).Round(time.Second), size>>20)
 	return Open(final)
+}
+
+// runChroot runs script with /bin/sh in the chroot rootfs, logged, and
+// then makes sure nothing it mounted stays mounted under tmp.
+func runChroot(ctx context.Context, rootfs, tmp, script string, logf io.Writer, onLine func(string)) error {
+	fmt.Fprintf(logf, "# in chroot\n%s", script)
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", script)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
+	if err := runLogged(cmd, logf, onLine); err != nil {
+		return err
+	}
+	return unmountUnder(tmp)
+}
+
+// writeRootFile writes f into the freshly built rootfs, owned by root,
+// creating its parent directories (mode 0755). The tree is the build's
+// own (Debian's packages, nothing a sandbox wrote), yet the file is
+// written through os.Root so that no link in it leads the write out.
+func writeRootFile(rootfs string, f File) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", f.Path, err)
+	}
+	defer root.Close()
+	rel := strings.TrimPrefix(filepath.Clean(f.Path), "/")
+	if dir := filepath.Dir(rel); dir != "." {
+		if err := root.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("write %s: %w", f.Path, err)
+		}
+	}
+	if err := root.WriteFile(rel, f.Content, fs.FileMode(f.Mode)); err != nil {
+		return fmt.Errorf("write %s: %w", f.Path, err)
+	}
+	if err := root.Chmod(rel, fs.FileMode(f.Mode)); err != nil {
+		return fmt.Errorf("write %s: %w", f.Path, err)
+	}
+	return nil
 }
 
 // findDebootstrap returns the debootstrap program to run.

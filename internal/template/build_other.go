@@ -15,6 +15,12 @@ func BuildBase(ctx context.Context, cacheDir string, opts BaseOptions) (Template
 	return Template{}, errNotLinux
 }
 
+// BuildCodeInterpreter builds the code-interpreter template; it is only
+// implemented on Linux.
+func BuildCodeInterpreter(ctx context.Context, cacheDir string, opts CodeInterpreterOptions) (Template, error) {
+	return Template{}, errNotLinux
+}
+
 // ShiftOwnership shifts the ownership of a tree; it is only implemented on
 // Linux.
 func ShiftOwnership(root string, offset int) error {

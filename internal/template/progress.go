@@ -35,6 +35,17 @@ const estimatedPackages = 142
 // "I: Unpacking required packages..." do not match.
 var progressLineRE = regexp.MustCompile(`^I: (Retrieving|Validating|Extracting|Unpacking|Configuring) ([a-z0-9][a-z0-9+.-]*?)(?::[a-z0-9-]+)?(?:\.\.\.| [0-9]\S*)\s*$`)
 
+// aptLineRE matches apt-get install lines about one package (the
+// package steps after debootstrap):
+//
+//	Get:5 http://deb.debian.org/debian bookworm/main amd64 python3-zmq amd64 24.0.1-4+b1 [259 kB]
+//	Unpacking python3-zmq (24.0.1-4+b1) ...
+//	Setting up python3-zmq (24.0.1-4+b1) ...
+var aptLineRE = regexp.MustCompile(`^(?:Get:\d+ \S+ \S+ \S+ ([a-z0-9][a-z0-9+.-]*) \S+ [0-9]\S* |(Unpacking|Setting up) ([a-z0-9][a-z0-9+.-]*?)(?::[a-z0-9-]+)? \()`)
+
+// aptCountRE matches apt-get's count of the packages it will install.
+var aptCountRE = regexp.MustCompile(`^\d+ upgraded, (\d+) newly installed`)
+
 // progressEvent is one step of debootstrap parsed from its output.
 type progressEvent struct {
 	Phase   string // one of the phase* constants
@@ -54,6 +65,7 @@ func parseProgressLine(line string) (ev progressEvent, ok bool) {
 // progress shows the progress of a build on a writer: a progress bar on a
 // terminal, plain lines otherwise. It is not safe for concurrent use.
 type progress struct {
+	label  string    // the build's name, shown on every line
 	w      io.Writer // nil: discard everything
 	bar    *progressbar.ProgressBar
 	total  int            // package count (estimated until retrieval is done)
@@ -61,12 +73,12 @@ type progress struct {
 	phase  string         // current phase
 }
 
-func newProgress(w io.Writer) *progress {
-	p := &progress{w: w, total: estimatedPackages, counts: map[string]int{}}
+func newProgress(w io.Writer, label string) *progress {
+	p := &progress{label: label, w: w, total: estimatedPackages, counts: map[string]int{}}
 	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		p.bar = progressbar.NewOptions(p.total,
 			progressbar.OptionSetWriter(w),
-			progressbar.OptionSetDescription("[base] starting debootstrap"),
+			progressbar.OptionSetDescription("["+label+"] starting debootstrap"),
 			progressbar.OptionShowCount(),
 			progressbar.OptionSetWidth(30),
 			progressbar.OptionSetPredictTime(false),
@@ -84,6 +96,27 @@ func (p *progress) line(s string) {
 		return
 	}
 	p.event(ev)
+}
+
+// aptLine handles one line of apt-get install's output: its package
+// steps advance the display as debootstrap's do.
+func (p *progress) aptLine(s string) {
+	if m := aptCountRE.FindStringSubmatch(s); m != nil {
+		var n int
+		fmt.Sscan(m[1], &n)
+		p.counts, p.phase, p.total = map[string]int{}, "", max(n, 1)
+		return
+	}
+	m := aptLineRE.FindStringSubmatch(s)
+	switch {
+	case m == nil:
+	case m[1] != "":
+		p.event(progressEvent{Phase: phaseRetrieving, Package: m[1]})
+	case m[2] == "Unpacking":
+		p.event(progressEvent{Phase: phaseUnpacking, Package: m[3]})
+	default:
+		p.event(progressEvent{Phase: phaseConfiguring, Package: m[3]})
+	}
 }
 
 // event advances the display by one parsed step. Validating steps follow
@@ -114,11 +147,11 @@ func (p *progress) event(ev progressEvent) {
 		if p.bar.GetMax() != p.total {
 			p.bar.ChangeMax(p.total)
 		}
-		p.bar.Describe(fmt.Sprintf("[base] %s %s", ev.Phase, ev.Package))
+		p.bar.Describe(fmt.Sprintf("[%s] %s %s", p.label, ev.Phase, ev.Package))
 		_ = p.bar.Set(n)
 		return
 	}
-	fmt.Fprintf(p.w, "[base] %d/%d %s %s\n", n, p.total, ev.Phase, ev.Package)
+	fmt.Fprintf(p.w, "[%s] %d/%d %s %s\n", p.label, n, p.total, ev.Phase, ev.Package)
 }
 
 // step shows a build step that is not part of debootstrap.
@@ -128,10 +161,10 @@ func (p *progress) step(format string, args ...any) {
 	}
 	msg := fmt.Sprintf(format, args...)
 	if p.bar != nil {
-		p.bar.Describe("[base] " + msg)
+		p.bar.Describe("[" + p.label + "] " + msg)
 		return
 	}
-	fmt.Fprintf(p.w, "[base] %s\n", msg)
+	fmt.Fprintf(p.w, "[%s] %s\n", p.label, msg)
 }
 
 // done ends the display with a final message.
@@ -142,7 +175,7 @@ func (p *progress) done(format string, args ...any) {
 	if p.bar != nil {
 		_ = p.bar.Finish()
 	}
-	fmt.Fprintf(p.w, "[base] "+format+"\n", args...)
+	fmt.Fprintf(p.w, "["+p.label+"] "+format+"\n", args...)
 }
 
 // fail ends the display after a failed build.
@@ -154,5 +187,5 @@ func (p *progress) fail(err error) {
 		_ = p.bar.Exit()
 		fmt.Fprintln(p.w)
 	}
-	fmt.Fprintf(p.w, "[base] build failed: %v\n", err)
+	fmt.Fprintf(p.w, "[%s] build failed: %v\n", p.label, err)
 }

@@ -52,7 +52,7 @@ func TestProgressRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	p := newProgress(&out)
+	p := newProgress(&out, "base")
 	if p.bar != nil {
 		t.Fatal("progress bar used for a non-terminal writer")
 	}
@@ -100,7 +100,7 @@ func TestProgressRecorded(t *testing.T) {
 // never shows a count above the total.
 func TestProgressGrowsTotal(t *testing.T) {
 	var out bytes.Buffer
-	p := newProgress(&out)
+	p := newProgress(&out, "base")
 	for i := 0; i < estimatedPackages+5; i++ {
 		p.event(progressEvent{Phase: phaseRetrieving, Package: "p"})
 	}
@@ -115,9 +115,37 @@ func TestProgressGrowsTotal(t *testing.T) {
 }
 
 func TestProgressNilWriter(t *testing.T) {
-	p := newProgress(nil)
+	p := newProgress(nil, "base")
 	p.line("I: Retrieving adduser 3.134")
 	p.step("x")
 	p.done("y")
 	p.fail(os.ErrClosed)
+}
+
+// TestProgressApt checks the display of the apt-get step after
+// debootstrap: its count of new packages becomes the total, its Get,
+// Unpacking and Setting up lines are steps under the build's name, and
+// other lines (index downloads, triggers) are not.
+func TestProgressApt(t *testing.T) {
+	var out bytes.Buffer
+	p := newProgress(&out, "code-interpreter")
+	for _, l := range []string{
+		"Get:1 http://deb.debian.org/debian bookworm InRelease [151 kB]",
+		"Get:2 http://deb.debian.org/debian bookworm/main amd64 Packages [8787 kB]",
+		"0 upgraded, 2 newly installed, 0 to remove and 0 not upgraded.",
+		"Get:3 http://deb.debian.org/debian bookworm/main amd64 python3-zmq amd64 24.0.1-4+b1 [259 kB]",
+		"Get:4 http://deb.debian.org/debian bookworm/main amd64 libzmq5 amd64 4.3.4-6 [273 kB]",
+		"Unpacking python3-zmq (24.0.1-4+b1) ...",
+		"Setting up python3-zmq (24.0.1-4+b1) ...",
+		"Setting up libzmq5:amd64 (4.3.4-6) ...",
+		"Processing triggers for libc-bin (2.36-9+deb12u4) ...",
+	} {
+		p.aptLine(l)
+	}
+	want := "[code-interpreter] 1/2 Retrieving python3-zmq\n[code-interpreter] 2/2 Retrieving libzmq5\n" +
+		"[code-interpreter] 1/2 Unpacking python3-zmq\n" +
+		"[code-interpreter] 1/2 Configuring python3-zmq\n[code-interpreter] 2/2 Configuring libzmq5\n"
+	if out.String() != want {
+		t.Errorf("display:\n%s\nwant:\n%s", out.String(), want)
+	}
 }

@@ -130,3 +130,33 @@ func baseDirName(digest string) string {
 func baseVersion(digest string) string {
 	return fmt.Sprintf("%s-r%d-%s", BaseSuite, RecipeVersion, digest[:12])
 }
+
+// recipe is one build: debootstrap of the base packages, then (optionally)
+// extra packages from apt-get, the base setup script, files and a further
+// setup script, then the ownership shift.
+type recipe struct {
+	name          string // build name (manifest name)
+	digest        string
+	dirName       string // build dir name under the cache
+	version       string
+	recipeVersion int
+	opts          BaseOptions // mirror, progress, debootstrap, uid base
+	packages      []string    // debootstrap --include
+	extra         []string    // apt-get install --no-install-recommends after debootstrap
+	files         []File      // written after the setup scripts, owned by root
+	script        string      // run in the chroot after the base setup script
+}
+
+// recipe returns the build steps of the base template.
+func (o BaseOptions) recipe() recipe {
+	d := o.Digest()
+	return recipe{name: BaseName, digest: d, dirName: baseDirName(d), version: baseVersion(d),
+		recipeVersion: RecipeVersion, opts: o, packages: o.packages()}
+}
+
+// allPackages is the manifest's package list: what was asked for.
+func (r recipe) allPackages() []string {
+	p := append(slices.Clone(r.packages), r.extra...)
+	slices.Sort(p)
+	return slices.Compact(p)
+}

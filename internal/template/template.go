@@ -219,3 +219,15 @@ func templateFromDir(name, dir string) (Template, error) {
 func Open(dir string) (Template, error) {
 	return templateFromDir("", dir)
 }
+
+// openBuild opens the build dir dir and checks it was built from digest.
+func openBuild(dir, digest string) (Template, error) {
+	t, err := Open(dir)
+	if err != nil {
+		return Template{}, err
+	}
+	if t.Digest != digest {
+		return Template{}, fmt.Errorf("template %s has digest %s, want %s", dir, t.Digest, digest)
+	}
+	return t, nil
+}

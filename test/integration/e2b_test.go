@@ -17,9 +17,10 @@ import (
 const e2bDir = "../e2b"
 
 // e2bVersions are the SDK versions the suite pins (test/e2b/package.json),
-// by package directory: the current SDK, and 2.45 (the older route set,
-// legacy.test.mjs) under an npm alias.
-var e2bVersions = map[string]string{"e2b": "2.51.0", "e2b-2.45": "2.45.0"}
+// by package directory: the current SDK, 2.45 (the older route set,
+// legacy.test.mjs) under an npm alias, and the code-interpreter SDK
+// (interpreter.test.mjs).
+var e2bVersions = map[string]string{"e2b": "2.51.0", "e2b-2.45": "2.45.0", "@e2b/code-interpreter": "2.8.0"}
 
 // TestE2BSDK runs the unmodified e2b JS SDK's compatibility suite
 // (test/e2b/*.test.mjs, node:test) against the shared in-process server,

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/corralhq/corral/internal/interpreter"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template"
 )
@@ -17,18 +18,38 @@ import (
 // the build's rootfs. It becomes current when base has no current
 // version yet; a build already recorded changes nothing.
 func (r *Registry) RegisterBase(ctx context.Context, t template.Template) error {
-	return r.registerBuild(ctx, BaseName, t)
+	return r.registerBuild(ctx, BaseName, t, store.TemplateConfig{}, false)
 }
 
-// registerBuild records build t under name (see RegisterBase).
-func (r *Registry) registerBuild(ctx context.Context, name string, t template.Template) error {
+// CodeInterpreterConfig is the code-interpreter template's configuration:
+// its start command launches the interpreter server as the sandbox user in
+// its home at every create.
+func CodeInterpreterConfig() store.TemplateConfig {
+	return store.TemplateConfig{Workdir: interpreter.Workdir, Start: interpreter.StartCommand}
+}
+
+// RegisterCodeInterpreter records a code-interpreter build
+// (template.BuildCodeInterpreter) as a published version of
+// "code-interpreter" (usable by every team) with CodeInterpreterConfig.
+// A build not recorded yet becomes current (a new corral carries a new
+// server, whose build its sandboxes should get); one recorded already
+// changes nothing, so a rollback (Use) stays.
+func (r *Registry) RegisterCodeInterpreter(ctx context.Context, t template.Template) error {
+	return r.registerBuild(ctx, interpreter.TemplateName, t, CodeInterpreterConfig(), true)
+}
+
+// registerBuild records build t under name with configuration cfg (see
+// RegisterBase); it becomes current when always is set or the name has no
+// current version.
+func (r *Registry) registerBuild(ctx context.Context, name string, t template.Template, cfg store.TemplateConfig, always bool) error {
 	if _, err := r.st.GetTemplateVersion(ctx, name, t.Version); err == nil {
 		return nil
 	}
 	_, curErr := r.st.GetTemplateVersion(ctx, name, "")
 	tv := &store.TemplateVersion{Name: name, Version: t.Version, Digest: "sha256:" + t.Digest, Source: SourceBase,
-		RootFS: t.RootFS, SizeBytes: t.Size, BuildLog: filepath.Join(t.Dir, template.BuildLogFile), CreatedAt: t.Created}
-	if err := r.st.InsertTemplateVersion(ctx, tv, curErr != nil); err != nil {
+		RootFS: t.RootFS, SizeBytes: t.Size, BuildLog: filepath.Join(t.Dir, template.BuildLogFile), CreatedAt: t.Created,
+		Config: cfg}
+	if err := r.st.InsertTemplateVersion(ctx, tv, always || curErr != nil); err != nil {
 		return fmt.Errorf("register %s:%s: %w", name, t.Version, err)
 	}
 	return nil
@@ -83,7 +104,7 @@ func (r *Registry) MigrateLinks(ctx context.Context, dir string) error {
 				target = filepath.Join(dir, target)
 			}
 			if t, err := template.Open(target); err == nil {
-				if err := r.registerBuild(ctx, e.Name(), t); err != nil {
+				if err := r.registerBuild(ctx, e.Name(), t, store.TemplateConfig{}, false); err != nil {
 					return fmt.Errorf("migrate template link %s: %w", link, err)
 				}
 			} else {

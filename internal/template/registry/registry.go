@@ -33,8 +33,10 @@ import (
 
 // Sources of a template version.
 const (
-	// SourceBase is the base template built by debootstrap (and any
-	// build registered by a symbolic link in an old data dir).
+	// SourceBase is a template corral builds itself with debootstrap:
+	// the base and code-interpreter templates (and any build
+	// registered by a symbolic link in an old data dir). The server
+	// needs them: they cannot be deleted.
 	SourceBase = "debootstrap"
 	// SourceBuild is a build from a spec.
 	SourceBuild = "build"
@@ -266,7 +268,7 @@ func (r *Registry) Delete(ctx context.Context, ref string) error {
 		return err
 	}
 	if tv.Source == SourceBase {
-		users = append(users, "the server (the built-in base template)")
+		users = append(users, "the server (the built-in "+name+" template)")
 	}
 	if len(users) > 0 {
 		return &ConflictError{Msg: fmt.Sprintf("template %s is in use by %s", ref, strings.Join(users, ", "))}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corralhq/corral/internal/interpreter"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template"
 )
@@ -261,5 +262,48 @@ func TestCheckNew(t *testing.T) {
 	}
 	if _, err := r.NewLayerDir("py", "1"); err == nil {
 		t.Error("NewLayerDir made the same dir twice")
+	}
+}
+
+// TestRegisterCodeInterpreter checks that a code-interpreter build is
+// recorded as a published version (every team may start it) whose start
+// command launches the interpreter server in the user's home, that a new
+// build (a corral with a new server) becomes current while recording one
+// again changes nothing (a rollback stays), and that the server's
+// template cannot be deleted.
+func TestRegisterCodeInterpreter(t *testing.T) {
+	ctx := context.Background()
+	data, cache := t.TempDir(), t.TempDir()
+	r, _ := newRegistry(t, data)
+	b1 := fakeBuild(t, cache, "c1", strings.Repeat("c", 64))
+	b2 := fakeBuild(t, cache, "c2", strings.Repeat("d", 64))
+	if err := r.RegisterCodeInterpreter(ctx, b1); err != nil {
+		t.Fatal(err)
+	}
+	tv, err := r.Resolve(ctx, "code-interpreter")
+	if err != nil || tv.RootFS != b1.RootFS || tv.Team != "" || !Visible(tv, "any-team") {
+		t.Fatalf("code-interpreter = %+v, %v; want b1, published", tv, err)
+	}
+	if tv.Config.Start != interpreter.StartCommand || tv.Config.Workdir != "/home/user" || tv.Config.User != "" {
+		t.Fatalf("config %+v: want the interpreter's start command, as the user, in /home/user", tv.Config)
+	}
+	if err := r.RegisterCodeInterpreter(ctx, b2); err != nil {
+		t.Fatal(err)
+	}
+	if tv, _ := r.Resolve(ctx, "code-interpreter"); tv.RootFS != b2.RootFS {
+		t.Fatalf("a new build is not current: %+v", tv)
+	}
+	if _, err := r.Use(ctx, "code-interpreter:"+b1.Version); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RegisterCodeInterpreter(ctx, b2); err != nil {
+		t.Fatal(err)
+	}
+	if tv, _ := r.Resolve(ctx, "code-interpreter"); tv.RootFS != b1.RootFS {
+		t.Fatalf("registering a recorded build again undid a rollback: %+v", tv)
+	}
+	var conflict *ConflictError
+	if err := r.Delete(ctx, "code-interpreter:"+b2.Version); !errors.As(err, &conflict) || !strings.Contains(err.Error(), "built-in code-interpreter template") {
+		t.Errorf("Delete = %v, want a conflict naming the built-in template", err)
 	}
 }

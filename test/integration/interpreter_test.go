@@ -1,0 +1,428 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	corral "github.com/corralhq/corral/sdk/go"
+)
+
+// ciLine is one line of the code interpreter's NDJSON stream.
+type ciLine map[string]any
+
+func (l ciLine) str(k string) string { s, _ := l[k].(string); return s }
+
+// ciSandbox is a sandbox of the code-interpreter template, reached by its
+// port 49999 through corral's port route.
+type ciSandbox struct {
+	id, token string
+	client    *http.Client
+}
+
+// newInterpreter creates a code-interpreter sandbox through the E2B API
+// (for its access token) and waits until its server answers /health.
+func newInterpreter(t *testing.T) *ciSandbox {
+	t.Helper()
+	var tv struct {
+		Templates []struct {
+			Name string `json:"name"`
+		} `json:"templates"`
+	}
+	call(t, "GET", "/v1/templates?name=code-interpreter", nil, &tv)
+	if len(tv.Templates) == 0 {
+		t.Fatal("the code-interpreter template is not built for this host's uid range: run `make code-interpreter` " +
+			"(corral template build-code-interpreter); tests never download it")
+	}
+	var sb struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	start := time.Now()
+	status, _, body := rest(t, env.url, env.key, "POST", "/sandboxes", map[string]any{"templateID": "code-interpreter", "timeout": 600}, &sb)
+	if status != 201 || sb.SandboxID == "" {
+		t.Fatalf("E2B create of code-interpreter: %d %s", status, body)
+	}
+	t.Cleanup(func() { rest(t, env.url, env.key, "DELETE", "/sandboxes/"+sb.SandboxID, nil, nil) })
+	s := &ciSandbox{id: sb.SandboxID, token: sb.EnvdAccessToken, client: &http.Client{Timeout: 2 * time.Minute}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			r := sh(t, s.id, "ls -la /tmp; ps -ef; tail -c 8000 /tmp/corral-interpreter.log")
+			t.Logf("the interpreter server's log:\n%s%s", r.Stdout, r.Stderr)
+		}
+	})
+	waitFor(t, "the interpreter server's /health", 60*time.Second, func() bool {
+		code, b := s.do(t, "GET", "/health", nil)
+		return code == 200 && strings.TrimSpace(b) == `"OK"`
+	})
+	healthy := time.Since(start)
+	if got := mainText(t, s.exec(t, map[string]any{"code": "1 + 1"})); got != "2" {
+		t.Fatalf("first run: %q", got)
+	}
+	first := time.Since(start)
+	runStart := time.Now()
+	s.exec(t, map[string]any{"code": "1 + 1"})
+	t.Logf("code-interpreter sandbox: created and server healthy after %s, first run (kernel start) done after %s; a warm run of 1 + 1 took %s",
+		healthy.Round(time.Millisecond), first.Round(time.Millisecond), time.Since(runStart).Round(time.Millisecond))
+	return s
+}
+
+func (s *ciSandbox) request(ctx context.Context, method, path string, body any) *http.Request {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequestWithContext(ctx, method, env.url+path, rd)
+	req.Host = "49999-" + s.id + ".corral.test"
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Access-Token", s.token)
+	return req
+}
+
+// do makes one request and returns the status and body.
+func (s *ciSandbox) do(t *testing.T, method, path string, body any) (int, string) {
+	t.Helper()
+	resp, err := s.client.Do(s.request(context.Background(), method, path, body))
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// exec runs one /execute and returns its lines; it fails the test unless
+// the stream is 200 and ends with end_of_execution.
+func (s *ciSandbox) exec(t *testing.T, body map[string]any) []ciLine {
+	t.Helper()
+	resp, err := s.client.Do(s.request(context.Background(), "POST", "/execute", body))
+	if err != nil {
+		t.Fatalf("execute %v: %v", body, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("execute %v: %d %s", body, resp.StatusCode, b)
+	}
+	var lines []ciLine
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	for sc.Scan() {
+		var l ciLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatalf("execute %v: line %q: %v", body, sc.Text(), err)
+		}
+		lines = append(lines, l)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("execute %v: read: %v", body, err)
+	}
+	if len(lines) == 0 || lines[len(lines)-1].str("type") != "end_of_execution" {
+		t.Fatalf("execute %v: stream does not end with end_of_execution: %v", body, lines)
+	}
+	return lines
+}
+
+func ofType(lines []ciLine, typ string) []ciLine {
+	var out []ciLine
+	for _, l := range lines {
+		if l.str("type") == typ {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// mainText returns the text of the run's main result, failing without one.
+func mainText(t *testing.T, lines []ciLine) string {
+	t.Helper()
+	for _, l := range ofType(lines, "result") {
+		if l["is_main_result"] == true {
+			return l.str("text")
+		}
+	}
+	t.Fatalf("no main result in %v", lines)
+	return ""
+}
+
+// noError fails the test when the run sent an error line.
+func noError(t *testing.T, lines []ciLine) {
+	t.Helper()
+	if e := ofType(lines, "error"); len(e) > 0 {
+		t.Fatalf("run failed: %v", e)
+	}
+}
+
+// TestInterpreter drives the code-interpreter server of a real sandbox by
+// its port 49999 (host 49999-<id>.<domain>): state persists between runs,
+// every line type of the stream (stdout, stderr, results, error, execution
+// count, end of execution), contexts (separate state and cwd, list,
+// restart clearing state but keeping cwd, remove), refused requests with
+// their codes, per-run environment variables set and reset, a matplotlib
+// figure as a PNG without plt.show(), a data frame as HTML and data.
+func TestInterpreter(t *testing.T) {
+	need(t)
+	s := newInterpreter(t)
+
+	t.Run("state persists across runs", func(t *testing.T) {
+		noError(t, s.exec(t, map[string]any{"code": "x = 41"}))
+		if got := mainText(t, s.exec(t, map[string]any{"code": "x + 1"})); got != "42" {
+			t.Fatalf("x + 1 = %q, want 42", got)
+		}
+	})
+
+	t.Run("stream lines", func(t *testing.T) {
+		lines := s.exec(t, map[string]any{"code": "import sys\nprint('to out')\nprint('to err', file=sys.stderr)\n6 * 7"})
+		noError(t, lines)
+		out, errs := ofType(lines, "stdout"), ofType(lines, "stderr")
+		if len(out) != 1 || out[0].str("text") != "to out\n" || out[0].str("timestamp") == "" {
+			t.Errorf("stdout lines %v", out)
+		}
+		if len(errs) != 1 || errs[0].str("text") != "to err\n" {
+			t.Errorf("stderr lines %v", errs)
+		}
+		if got := mainText(t, lines); got != "42" {
+			t.Errorf("main result %q", got)
+		}
+		n := ofType(lines, "number_of_executions")
+		if len(n) != 1 || n[0]["execution_count"].(float64) < 3 {
+			t.Errorf("execution count lines %v", n)
+		}
+		// The count goes up by one per run.
+		next := ofType(s.exec(t, map[string]any{"code": "None"}), "number_of_executions")
+		if len(next) != 1 || next[0]["execution_count"].(float64) != n[0]["execution_count"].(float64)+1 {
+			t.Errorf("next execution count %v after %v", next, n)
+		}
+		// A string's text is without its quotes.
+		if got := mainText(t, s.exec(t, map[string]any{"code": "'hello'"})); got != "hello" {
+			t.Errorf("'hello' gives text %q", got)
+		}
+	})
+
+	t.Run("error", func(t *testing.T) {
+		lines := s.exec(t, map[string]any{"code": "print('before')\n1/0\nprint('after')"})
+		e := ofType(lines, "error")
+		if len(e) != 1 || e[0].str("name") != "ZeroDivisionError" || e[0].str("value") != "division by zero" ||
+			!strings.Contains(e[0].str("traceback"), "ZeroDivisionError") {
+			t.Fatalf("error lines %v", e)
+		}
+		if out := ofType(lines, "stdout"); len(out) != 1 || out[0].str("text") != "before\n" {
+			t.Fatalf("stdout around the error %v", out)
+		}
+	})
+
+	t.Run("contexts", func(t *testing.T) {
+		code, body := s.do(t, "POST", "/contexts", map[string]any{"language": "python", "cwd": "/tmp"})
+		var c struct{ ID, Language, Cwd string }
+		if code != 200 || json.Unmarshal([]byte(body), &c) != nil || c.ID == "" || c.Language != "python" || c.Cwd != "/tmp" {
+			t.Fatalf("create context: %d %s", code, body)
+		}
+		noError(t, s.exec(t, map[string]any{"code": "y = 'mine'", "context_id": c.ID}))
+		if got := mainText(t, s.exec(t, map[string]any{"code": "import os\n(y, os.getcwd())", "context_id": c.ID})); got != "('mine', '/tmp')" {
+			t.Fatalf("new context state and cwd: %q", got)
+		}
+		if got := mainText(t, s.exec(t, map[string]any{"code": "import os\n('y' in globals(), os.getcwd(), x)"})); got != "(False, '/home/user', 41)" {
+			t.Fatalf("default context sees %q", got)
+		}
+		code, body = s.do(t, "GET", "/contexts", nil)
+		var list []struct{ ID, Language, Cwd string }
+		if code != 200 || json.Unmarshal([]byte(body), &list) != nil || len(list) < 2 {
+			t.Fatalf("list contexts: %d %s", code, body)
+		}
+		found := false
+		for _, l := range list {
+			found = found || l.ID == c.ID && l.Cwd == "/tmp"
+		}
+		if !found {
+			t.Fatalf("list %s lacks %s", body, c.ID)
+		}
+		if code, body := s.do(t, "POST", "/contexts/"+c.ID+"/restart", nil); code != 200 {
+			t.Fatalf("restart: %d %s", code, body)
+		}
+		if got := mainText(t, s.exec(t, map[string]any{"code": "import os\n('y' in globals(), os.getcwd())", "context_id": c.ID})); got != "(False, '/tmp')" {
+			t.Fatalf("after restart: %q", got)
+		}
+		if code, body := s.do(t, "DELETE", "/contexts/"+c.ID, nil); code != 204 {
+			t.Fatalf("remove: %d %s", code, body)
+		}
+		code, body = s.do(t, "POST", "/execute", map[string]any{"code": "1", "context_id": c.ID})
+		if code != 404 || body != "Context "+c.ID+" not found" {
+			t.Fatalf("run in a removed context: %d %q", code, body)
+		}
+	})
+
+	t.Run("refused requests", func(t *testing.T) {
+		for _, tc := range []struct {
+			name, method, path string
+			body               any
+			code               int
+			has                string
+		}{
+			{"context and language", "POST", "/execute", map[string]any{"code": "1", "context_id": "x", "language": "python"}, 400, "not both"},
+			{"unknown language", "POST", "/execute", map[string]any{"code": "1", "language": "cobol"}, 400, "'cobol' is not supported"},
+			{"language without a kernel", "POST", "/contexts", map[string]any{"language": "js"}, 400, "'js' is not supported"},
+			{"unknown context", "POST", "/execute", map[string]any{"code": "1", "context_id": "nosuch"}, 404, "Context nosuch not found"},
+			{"restart unknown", "POST", "/contexts/nosuch/restart", nil, 404, "Context nosuch not found"},
+			{"code not a string", "POST", "/execute", map[string]any{"code": 1}, 400, "code"},
+			{"relative cwd", "POST", "/contexts", map[string]any{"cwd": "tmp"}, 400, "absolute"},
+		} {
+			code, body := s.do(t, tc.method, tc.path, tc.body)
+			if code != tc.code || !strings.Contains(body, tc.has) {
+				t.Errorf("%s: %d %q, want %d with %q", tc.name, code, body, tc.code, tc.has)
+			}
+		}
+		if got := mainText(t, s.exec(t, map[string]any{"code": "x", "language": "Python"})); got != "41" {
+			t.Errorf("language Python is the default context: %q", got)
+		}
+	})
+
+	t.Run("env vars per run", func(t *testing.T) {
+		lines := s.exec(t, map[string]any{"code": "import os\nos.environ.get('CI_VAR')", "env_vars": map[string]string{"CI_VAR": "per-run"}})
+		if got := mainText(t, lines); got != "per-run" {
+			t.Fatalf("env var in its run: %q", got)
+		}
+		if got := mainText(t, s.exec(t, map[string]any{"code": "import os\nstr(os.environ.get('CI_VAR'))"})); got != "None" {
+			t.Fatalf("env var after its run: %q", got)
+		}
+	})
+
+	t.Run("matplotlib figure", func(t *testing.T) {
+		lines := s.exec(t, map[string]any{"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title('squares')\nNone"})
+		noError(t, lines)
+		var png string
+		var chart map[string]any
+		for _, r := range ofType(lines, "result") {
+			if r["is_main_result"] == false && r.str("png") != "" {
+				png = r.str("png")
+				chart, _ = r["chart"].(map[string]any)
+			}
+		}
+		b, err := base64.StdEncoding.DecodeString(png)
+		if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+			t.Fatalf("no PNG display result in %v", ofType(lines, "result"))
+		}
+		if chart["type"] != "line" || chart["title"] != "squares" {
+			t.Errorf("chart %v", chart)
+		}
+	})
+
+	t.Run("data frame", func(t *testing.T) {
+		lines := s.exec(t, map[string]any{"code": "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})"})
+		noError(t, lines)
+		for _, r := range ofType(lines, "result") {
+			if r["is_main_result"] != true {
+				continue
+			}
+			if !strings.Contains(r.str("html"), "<table") {
+				t.Errorf("html %q", r.str("html"))
+			}
+			data, _ := json.Marshal(r["data"])
+			if string(data) != `{"a":[1,2],"b":["x","y"]}` {
+				t.Errorf("data %s", data)
+			}
+			return
+		}
+		t.Fatalf("no main result: %v", lines)
+	})
+}
+
+// TestInterpreterInterrupts defends against a run that never ends taking
+// its context (and every later caller) with it: a run's timeout
+// interrupts the kernel and the caller gets a TimeoutError while the
+// context keeps its state; code that ignores the interrupt gets its
+// kernel restarted after the grace and the context works again; and a
+// client that disconnects mid-run (as the E2B SDK does when its own
+// timeout fires) interrupts the run, so that the next run on the context
+// is not stuck behind it.
+func TestInterpreterInterrupts(t *testing.T) {
+	need(t)
+	s := newInterpreter(t)
+	noError(t, s.exec(t, map[string]any{"code": "kept = 'yes'"}))
+
+	t.Run("timeout interrupts", func(t *testing.T) {
+		lines := s.exec(t, map[string]any{"code": "import time\nprint('started', flush=True)\ntime.sleep(600)", "timeout": 1})
+		e := ofType(lines, "error")
+		if len(e) != 1 || e[0].str("name") != "TimeoutError" || !strings.Contains(e[0].str("value"), "keeps its state") {
+			t.Fatalf("error lines %v", e)
+		}
+		if got := mainText(t, s.exec(t, map[string]any{"code": "kept"})); got != "yes" {
+			t.Fatalf("state after the interrupt: %q", got)
+		}
+	})
+
+	t.Run("interrupt ignored", func(t *testing.T) {
+		lines := s.exec(t, map[string]any{"code": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)", "timeout": 1})
+		e := ofType(lines, "error")
+		if len(e) != 1 || e[0].str("name") != "TimeoutError" || !strings.Contains(e[0].str("value"), "restarted") {
+			t.Fatalf("error lines %v", e)
+		}
+		if got := mainText(t, s.exec(t, map[string]any{"code": "'kept' in globals(), 1 + 1"})); got != "(False, 2)" {
+			t.Fatalf("after the restart: %q", got)
+		}
+		noError(t, s.exec(t, map[string]any{"code": "kept = 'again'"}))
+	})
+
+	t.Run("disconnect interrupts", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		resp, err := s.client.Do(s.request(ctx, "POST", "/execute", map[string]any{"code": "import time\nprint('running', flush=True)\ntime.sleep(600)"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() && !strings.Contains(sc.Text(), `"running`) {
+		}
+		// The run is in its sleep: hang up.
+		cancel()
+		resp.Body.Close()
+		lines := s.exec(t, map[string]any{"code": "kept"})
+		if got := mainText(t, lines); got != "again" {
+			t.Fatalf("run after the disconnect: %q", got)
+		}
+		// The interrupted run left no error behind for the next caller.
+		noError(t, lines)
+	})
+}
+
+// TestInterpreterPool: the code-interpreter template works with a warm
+// pool: a create takes the pooled sandbox (a pool hit), whose server is
+// started at the claim, and runs code with state kept between runs.
+func TestInterpreterPool(t *testing.T) {
+	need(t)
+	ctx := context.Background()
+	c := corral.New(env.url, env.key)
+	if _, err := c.SetPool(ctx, "code-interpreter", 1, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = c.SetPool(context.Background(), "code-interpreter", 0, 0, 0) })
+	pool := func() corral.Pool {
+		ps, err := c.Pools(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ps {
+			if p.Template == "code-interpreter" {
+				return p
+			}
+		}
+		t.Fatalf("no code-interpreter pool in %v", ps)
+		return corral.Pool{}
+	}
+	waitFor(t, "the code-interpreter pool to fill", 2*time.Minute, func() bool { return pool().Idle == 1 })
+	hits := pool().Hits
+	s := newInterpreter(t)
+	if got := pool().Hits; got != hits+1 {
+		t.Fatalf("pool hits %d after the create, want %d: the create did not take the pooled sandbox", got, hits+1)
+	}
+	noError(t, s.exec(t, map[string]any{"code": "pooled = 'yes'"}))
+	if got := mainText(t, s.exec(t, map[string]any{"code": "pooled"})); got != "yes" {
+		t.Fatalf("state in the pooled sandbox: %q", got)
+	}
+}
