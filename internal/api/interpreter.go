@@ -141,10 +141,13 @@ func (s *Server) relayCode(ctx context.Context, id string, body []byte, req code
 	}
 	if run.End != "client_gone" {
 		switch {
-		case run.Error != "":
-		case run.OOM:
+		case run.OOM && run.Error != "OutOfMemoryError":
+			// Whatever the interpreter said of its dead kernel, the
+			// reason is the memory limit: this error comes last, and
+			// wins (E2B's SDK keeps the last error line).
 			run.Error = "OutOfMemoryError"
 			_ = emit(codeErrorLine("OutOfMemoryError", "the run was killed at the sandbox's memory limit (reason oom); the context's state is lost"))
+		case run.Error != "":
 		case run.TimedOut:
 			run.Error = "TimeoutError"
 			_ = emit(codeErrorLine("TimeoutError", fmt.Sprintf("the run exceeded its timeout of %v and was interrupted; the context stays usable", timeout)))
@@ -300,9 +303,51 @@ func (s *Server) recordCode(ctx context.Context, id string, req codeRequest, run
 	})
 }
 
+// InterpreterStartWait is how long a request to the interpreter port of
+// a sandbox whose template starts a server waits for it to listen, while
+// the sandbox is young: E2B's SDK runs code right after create, while the
+// server is still starting (docs/api.md, Code runs).
+const InterpreterStartWait = 30 * time.Second
+
+// awaitInterpreter waits, up to InterpreterStartWait after the sandbox's
+// creation, until something listens on the interpreter port of sandbox
+// id, when its template starts a server at create; otherwise it returns
+// at once (a run then finds no interpreter, or finds it).
+func (s *Server) awaitInterpreter(ctx context.Context, id string) {
+	sb, err := s.mgr.Get(ctx, id)
+	if err != nil || s.templates == nil || time.Since(sb.CreatedAt) > InterpreterStartWait {
+		return
+	}
+	ref := sb.TemplateVersion
+	if ref == "" {
+		ref = sb.Template
+	}
+	if tv, err := s.templates.Resolve(ctx, ref); err != nil || tv.Config.Start == "" {
+		return
+	}
+	deadline := sb.CreatedAt.Add(InterpreterStartWait)
+	for wait := 20 * time.Millisecond; time.Now().Before(deadline); wait = min(2*wait, 250*time.Millisecond) {
+		c, err := s.mgr.DialPort(ctx, id, InterpreterPort)
+		if err == nil {
+			c.Close()
+			return
+		}
+		var pe *agentclient.PortError
+		if !errors.As(err, &pe) {
+			return // the sandbox is gone, or the caller
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
 // interpreterDo sends one request to sandbox id's interpreter through a
 // tunnel over its agent's socket.
 func (s *Server) interpreterDo(ctx context.Context, id, method, path string, body []byte) (*http.Response, error) {
+	s.awaitInterpreter(ctx, id)
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return s.mgr.DialPort(ctx, id, InterpreterPort)
@@ -474,7 +519,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		case "result":
 			out.Results = append(out.Results, append(json.RawMessage(nil), line...))
 		case "error":
-			if out.Error == nil {
+			if out.Error == nil || l.Name == "OutOfMemoryError" {
 				out.Error = &codeError{Name: l.Name, Value: l.Value, Traceback: l.Traceback}
 			}
 		case "number_of_executions":

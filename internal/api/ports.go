@@ -89,9 +89,12 @@ func (s *Server) sandboxPort(w http.ResponseWriter, r *http.Request, id string, 
 			"message": "the ports of sandbox " + id + " are private: send its traffic access token in the " + TrafficTokenHeader + " header"})
 		return
 	}
-	if port == InterpreterPort && r.Method == http.MethodPost && r.URL.Path == "/execute" {
-		s.e2bExecute(w, r, id) // a code run: a tool call with brakes and audit
-		return
+	if port == InterpreterPort {
+		if r.Method == http.MethodPost && r.URL.Path == "/execute" {
+			s.e2bExecute(w, r, id) // a code run: a tool call with brakes and audit
+			return
+		}
+		s.awaitInterpreter(r.Context(), id) // the contexts routes, right after create
 	}
 	ctx := context.WithValue(r.Context(), portKey{}, portTarget{id: id, port: port})
 	r2 := r.Clone(ctx)
