@@ -37,7 +37,7 @@ func TestWarmPool(t *testing.T) {
 	waitFor(t, "the pool to fill", time.Minute, func() bool { return idle().Idle == 2 })
 	// The pool's sandboxes are the state dirs no record owns.
 	var owned struct{ Sandboxes []sandboxJSON }
-	call(t, "GET", "/v1/sandboxes", nil, &owned)
+	call(t, "GET", "/v1/sandboxes?team=all", nil, &owned)
 	pooledIDs := map[string]bool{}
 	for _, e := range mustDirs(t, filepath.Join(env.dataDir, "sandboxes")) {
 		pooledIDs[e] = true

@@ -99,7 +99,7 @@ func TestLeak(t *testing.T) {
 	// Start from a quiet host: sandboxes of earlier tests (some may still
 	// be expiring) are killed first.
 	var list struct{ Sandboxes []sandboxJSON }
-	call(t, "GET", "/v1/sandboxes", nil, &list)
+	call(t, "GET", "/v1/sandboxes?team=all", nil, &list)
 	for _, sb := range list.Sandboxes {
 		call(t, "DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
 	}
@@ -189,7 +189,7 @@ func nftTable() string {
 
 func countRunning(t *testing.T) int {
 	var list struct{ Sandboxes []sandboxJSON }
-	call(t, "GET", "/v1/sandboxes", nil, &list)
+	call(t, "GET", "/v1/sandboxes?team=all", nil, &list)
 	return len(list.Sandboxes)
 }
 
