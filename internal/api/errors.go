@@ -117,6 +117,8 @@ func classify(err error) apiFailure {
 		return apiFailure{status: http.StatusConflict, code: CodeConflict, msg: rconflict.Msg}
 	case errors.As(err, &vconflict):
 		return apiFailure{status: http.StatusConflict, code: CodeConflict, msg: vconflict.Msg}
+	case errors.Is(err, sandbox.ErrShuttingDown):
+		return apiFailure{status: http.StatusServiceUnavailable, code: CodeUnavailable, msg: err.Error()}
 	case errors.Is(err, sandbox.ErrNetworkUnavailable):
 		return apiFailure{status: http.StatusServiceUnavailable, code: CodeNetworkUnavailable, msg: err.Error() + "; see the server log"}
 	case errors.Is(err, volume.ErrUnavailable):

@@ -165,10 +165,12 @@ type Manager struct {
 	templates TemplateRegistry
 	log       *slog.Logger
 
-	// mu guards live.
+	// mu guards live and closing.
 	mu sync.Mutex
 	// live holds the sandboxes this process runs, by id.
 	live map[string]*liveSandbox
+	// closing is set by Shutdown: no create may start a sandbox after it.
+	closing bool
 	// signers is a copy of the ids and access tokens of live, replaced
 	// (under mu) whenever live changes and read without a lock by
 	// FindByToken.
@@ -511,6 +513,14 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	}
 	started := time.Now() // admitted: what follows is the start itself
 	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		release()
+		if pd != nil {
+			go m.pools.Discard(pd)
+		}
+		return nil, ErrShuttingDown
+	}
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
 	m.addLive(ls)
 	m.mu.Unlock()
@@ -548,6 +558,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		return fail(err)
 	}
 	m.mu.Lock()
+	if m.closing {
+		// Shutdown began while it started; its sweep could not end a
+		// sandbox that was not started yet, so this create does.
+		m.mu.Unlock()
+		_ = m.driver.Stop(context.WithoutCancel(ctx), rec.ID, 0)
+		return fail(ErrShuttingDown)
+	}
 	ls.pid = pid
 	ls.ending = false
 	ls.lastActive = time.Now()
@@ -1260,6 +1277,9 @@ func (m *Manager) watch() {
 // Shutdown stops the watcher. Sandboxes keep running; a restarted server
 // adopts them (Reconcile). With killAll, every sandbox is killed first.
 func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
+	m.mu.Lock()
+	m.closing = true // creates in flight (waiting for admission, say) start nothing
+	m.mu.Unlock()
 	if killAll {
 		m.mu.Lock()
 		var ids []string

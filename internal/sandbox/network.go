@@ -22,6 +22,9 @@ const (
 // without one (it could not set up its gateway).
 var ErrNetworkUnavailable = errors.New("sandbox networking is not available on this server")
 
+// ErrShuttingDown: the server is shutting down and starts no sandbox.
+var ErrShuttingDown = errors.New("the server is shutting down")
+
 // NetworkRequest is a sandbox's network policy as a caller gives it.
 type NetworkRequest struct {
 	// Mode is "none" (default), "allow" or "all-public".
