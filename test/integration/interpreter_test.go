@@ -426,3 +426,52 @@ func TestInterpreterPool(t *testing.T) {
 		t.Fatalf("state in the pooled sandbox: %q", got)
 	}
 }
+
+// TestInterpreterMemoryBomb: a memory bomb in a real kernel is stopped
+// at the sandbox's memory limit and reported as such — the run ends
+// with OutOfMemoryError and oom, the code.run event says oom — and the
+// context can run code again afterwards (the server replaces the dead
+// kernel); the sandbox lives on.
+func TestInterpreterMemoryBomb(t *testing.T) {
+	need(t)
+	s := newInterpreter(t)
+	var out struct {
+		OOM   bool `json:"oom"`
+		Error *struct {
+			Name string `json:"name"`
+		} `json:"error"`
+	}
+	bomb := "a = []\nwhile True:\n    a.append(bytearray(16 << 20))"
+	if st := call(t, "POST", "/v1/sandboxes/"+s.id+"/code", map[string]any{"code": bomb, "timeout": 120}, &out); st != 200 {
+		t.Fatalf("run of a memory bomb: %d", st)
+	}
+	if !out.OOM || out.Error == nil || out.Error.Name != "OutOfMemoryError" {
+		t.Fatalf("a memory bomb's run: %+v (error %+v); want oom and OutOfMemoryError", out, out.Error)
+	}
+	var evs struct {
+		Events []struct {
+			Data struct {
+				Run struct {
+					OOM bool `json:"oom"`
+				} `json:"run"`
+			} `json:"data"`
+		} `json:"events"`
+	}
+	call(t, "GET", "/v1/audit?sandbox="+s.id+"&kind=code.run", nil, &evs)
+	oomed := false
+	for _, ev := range evs.Events {
+		oomed = oomed || ev.Data.Run.OOM
+	}
+	if !oomed {
+		t.Errorf("no code.run event of the sandbox says oom: %+v", evs.Events)
+	}
+	var again struct {
+		Results []map[string]any `json:"results"`
+		Error   any              `json:"error"`
+	}
+	waitFor(t, "the context to run code again", 60*time.Second, func() bool {
+		again.Results, again.Error = nil, nil
+		st := call(t, "POST", "/v1/sandboxes/"+s.id+"/code", map[string]any{"code": "6 * 7", "timeout": 60}, &again)
+		return st == 200 && again.Error == nil && len(again.Results) == 1 && again.Results[0]["text"] == "42"
+	})
+}
