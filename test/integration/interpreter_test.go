@@ -6,12 +6,15 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/corralhq/corral/internal/server"
+	"github.com/corralhq/corral/internal/watchdog"
 	corral "github.com/corralhq/corral/sdk/go"
 )
 
@@ -474,4 +477,56 @@ func TestInterpreterMemoryBomb(t *testing.T) {
 		st := call(t, "POST", "/v1/sandboxes/"+s.id+"/code", map[string]any{"code": "6 * 7", "timeout": 60}, &again)
 		return st == 200 && again.Error == nil && len(again.Results) == 1 && again.Results[0]["text"] == "42"
 	})
+}
+
+// TestInterpreterCPURunaway: the CPU-runaway rule sees a spinning kernel
+// like any process of the sandbox: a run of `while True: pass` with no
+// timeout in a half-core code-interpreter sandbox ends the sandbox
+// cpu_runaway (runaway period 3 s here), and the run's caller gets an
+// answer instead of waiting forever.
+func TestInterpreterCPURunaway(t *testing.T) {
+	s := startGovServer(t, "runaway-kernel", func(c *server.Config) {
+		c.Watchdog = watchdog.Config{CPURunawayFor: 3 * time.Second}
+	})
+	ctx := context.Background()
+	sb, err := s.c.Create(ctx, corral.CreateOptions{Template: "code-interpreter", Resources: corral.Resources{CPU: 0.5}})
+	if err != nil {
+		t.Fatalf("create a code-interpreter sandbox on the runaway server: %v", err)
+	}
+	t.Cleanup(func() { _, _ = s.c.Kill(context.Background(), sb.ID) })
+	run := func(code string) (int, string) {
+		body, _ := json.Marshal(map[string]any{"code": code, "timeout": 600})
+		req, _ := http.NewRequest("POST", s.url+"/v1/sandboxes/"+sb.ID+"/code", strings.NewReader(string(body)))
+		req.Header.Set("X-API-Key", s.key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, b := run("1 + 1"); st != 200 || !strings.Contains(b, `"text":"2"`) {
+		t.Fatalf("first run: %d %s", st, b)
+	}
+	done := make(chan string, 1)
+	go func() {
+		st, b := run("while True:\n    pass")
+		done <- fmt.Sprintf("%d %s", st, b)
+	}()
+	waitFor(t, "the spinning kernel's sandbox to end", 2*time.Minute, func() bool {
+		got, err := s.c.Get(ctx, sb.ID)
+		return err == nil && got.State == corral.StateEnded
+	})
+	got, _ := s.c.Get(ctx, sb.ID)
+	if got.EndReason != "cpu_runaway" {
+		t.Fatalf("the spinning kernel's sandbox ended %q, want cpu_runaway", got.EndReason)
+	}
+	select {
+	case answer := <-done:
+		t.Logf("the spinning run's answer: %.200s", answer)
+	case <-time.After(time.Minute):
+		t.Fatal("the spinning run's caller got no answer after its sandbox ended")
+	}
 }
