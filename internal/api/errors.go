@@ -91,10 +91,8 @@ func classify(err error) apiFailure {
 	var rconflict *registry.ConflictError
 	var kinv *store.InvalidKeyError
 	switch {
-	case errors.Is(err, errForbiddenTeam):
-		return apiFailure{status: http.StatusForbidden, code: CodeForbidden, msg: errForbiddenTeam.Error()}
-	case errors.Is(err, errAdminOnly):
-		return apiFailure{status: http.StatusForbidden, code: CodeForbidden, msg: errAdminOnly.Error()}
+	case errors.Is(err, errForbiddenTeam), errors.Is(err, errAdminOnly):
+		return apiFailure{status: http.StatusForbidden, code: CodeForbidden, msg: err.Error()}
 	case errors.As(err, &trip):
 		return apiFailure{status: http.StatusForbidden, code: trip.Code, msg: trip.Msg}
 	case errors.As(err, &capErr):

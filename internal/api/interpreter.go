@@ -345,9 +345,20 @@ func (s *Server) awaitInterpreter(ctx context.Context, id string) {
 }
 
 // interpreterDo sends one request to sandbox id's interpreter through a
-// tunnel over its agent's socket.
+// tunnel over its agent's socket. Only when nothing listens yet does it
+// wait for a starting interpreter (awaitInterpreter) and try once more,
+// so a run in a sandbox whose interpreter is up costs no lookup.
 func (s *Server) interpreterDo(ctx context.Context, id, method, path string, body []byte) (*http.Response, error) {
-	s.awaitInterpreter(ctx, id)
+	resp, err := s.interpreterSend(ctx, id, method, path, body)
+	if errors.Is(err, errNoInterpreter) {
+		s.awaitInterpreter(ctx, id)
+		resp, err = s.interpreterSend(ctx, id, method, path, body)
+	}
+	return resp, err
+}
+
+// interpreterSend is one attempt of interpreterDo.
+func (s *Server) interpreterSend(ctx context.Context, id, method, path string, body []byte) (*http.Response, error) {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return s.mgr.DialPort(ctx, id, InterpreterPort)
