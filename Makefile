@@ -9,7 +9,7 @@ DATA     ?= /var/lib/corral
 LISTEN   ?= 127.0.0.1:7420
 # Debian packages the server and the tests need (python3 and python3-venv:
 # the Python SDK is installed into a venv and tested, test/integration/python_test.go).
-DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates python3 python3-venv
+DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates python3 python3-venv postgresql
 
 .PHONY: run test build deps e2b-deps mcp-deps code-interpreter vet bench proto clean
 

@@ -230,8 +230,9 @@ func (s *Store) ListAPIKeys(ctx context.Context, team string) ([]*APIKey, error)
 // changes nothing (its first revocation time stays). An unknown id gives
 // an error wrapping ErrNotFound; the last unrevoked admin key gives
 // ErrLastAdminKey and stays valid, so the server always keeps an admin
-// (the check and the revocation are one statement: two concurrent
-// revocations cannot both pass it).
+// (the check and the revocation are one statement in a serializable
+// transaction: two concurrent revocations — also by two control planes
+// sharing a PostgreSQL store — cannot both pass it).
 func (s *Store) RevokeAPIKey(ctx context.Context, id string, at time.Time) (*APIKey, bool, error) {
 	k, err := s.GetAPIKey(ctx, id)
 	if err != nil {
@@ -240,13 +241,17 @@ func (s *Store) RevokeAPIKey(ctx context.Context, id string, at time.Time) (*API
 	if k.RevokedAt != nil {
 		return k, false, nil
 	}
-	r, err := s.db.ExecContext(ctx, `UPDATE api_keys SET revoked_at=? WHERE hash=? AND revoked_at IS NULL
-		AND (role<>? OR (SELECT count(*) FROM api_keys WHERE role=? AND revoked_at IS NULL) > 1)`,
-		ms(at), k.Hash, RoleAdmin, RoleAdmin)
-	if err != nil {
-		return nil, false, fmt.Errorf("revoke api key %s: %w", id, err)
-	}
-	n, err := r.RowsAffected()
+	var n int64
+	err = s.db.inTx(ctx, true, func(tx *tx) error {
+		r, err := tx.ExecContext(ctx, `UPDATE api_keys SET revoked_at=? WHERE hash=? AND revoked_at IS NULL
+			AND (role<>? OR (SELECT count(*) FROM api_keys WHERE role=? AND revoked_at IS NULL) > 1)`,
+			ms(at), k.Hash, RoleAdmin, RoleAdmin)
+		if err != nil {
+			return err
+		}
+		n, err = r.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return nil, false, fmt.Errorf("revoke api key %s: %w", id, err)
 	}

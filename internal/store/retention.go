@@ -13,7 +13,8 @@ import (
 // for one batch.
 const pruneBatch = 5000
 
-// appendOnlyDelete makes the event log append-only except for retention:
+// appendOnlyDelete (SQLite's form; PostgreSQL's is postgresDialect's
+// appendOnly) makes the event log append-only except for retention:
 // a delete is refused unless the event's id is at most the bound that
 // [Store.DeleteEventsThrough] writes into events_prune inside its own
 // transaction (and removes before it commits). So nothing — a bug, a
@@ -67,23 +68,20 @@ func (s *Store) DeleteEventsThrough(ctx context.Context, upto int64) (int64, err
 }
 
 func (s *Store) deleteEventsBatch(ctx context.Context, upto int64) (int64, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	var n int64
+	err := s.db.inTx(ctx, false, func(tx *tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO events_prune (upto) VALUES (?)`, upto); err != nil {
+			return err
+		}
+		r, err := tx.ExecContext(ctx, `DELETE FROM events WHERE id IN (SELECT id FROM events WHERE id <= ? ORDER BY id LIMIT ?)`, upto, pruneBatch)
+		if err != nil {
+			return err
+		}
+		n, _ = r.RowsAffected()
+		_, err = tx.ExecContext(ctx, `DELETE FROM events_prune`)
+		return err
+	})
 	if err != nil {
-		return 0, fmt.Errorf("delete events: %w", err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `INSERT INTO events_prune (upto) VALUES (?)`, upto); err != nil {
-		return 0, fmt.Errorf("delete events: %w", err)
-	}
-	r, err := tx.ExecContext(ctx, `DELETE FROM events WHERE id IN (SELECT id FROM events WHERE id <= ? ORDER BY id LIMIT ?)`, upto, pruneBatch)
-	if err != nil {
-		return 0, fmt.Errorf("delete events: %w", err)
-	}
-	n, _ := r.RowsAffected()
-	if _, err := tx.ExecContext(ctx, `DELETE FROM events_prune`); err != nil {
-		return 0, fmt.Errorf("delete events: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("delete events: %w", err)
 	}
 	return n, nil

@@ -40,7 +40,7 @@ func (s *Store) PutSecret(ctx context.Context, sec *Secret) error {
 		VALUES (?,?,?,?,?,?,?,?)
 		ON CONFLICT(team, name) DO UPDATE SET hosts=excluded.hosts, header=excluded.header, value=excluded.value,
 			allow_http=excluded.allow_http, updated_at=excluded.updated_at`,
-		sec.Name, string(hosts), sec.Header, sec.Value, sec.AllowHTTP, now, now, sec.Team)
+		sec.Name, string(hosts), sec.Header, sec.Value, b2i(sec.AllowHTTP), now, now, sec.Team)
 	if err != nil {
 		return fmt.Errorf("put secret %s: %w", sec.Name, err)
 	}
@@ -217,14 +217,20 @@ func KindFamily(f string) string {
 // audit --task` sees every event a task's sandboxes caused). ID and, when
 // zero, At are set on each event.
 func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	err := s.db.inTx(ctx, false, func(tx *tx) error { return appendEvents(ctx, tx, evs) })
 	if err != nil {
 		return fmt.Errorf("append events: %w", err)
 	}
-	defer tx.Rollback()
-	stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (at, sandbox_id, task_id, team, key_id, kind, data) VALUES (?,?,?,?,?,?,?)`)
+	return nil
+}
+
+func appendEvents(ctx context.Context, tx *tx, evs []*Event) error {
+	if err := tx.d.lockEvents(ctx, tx.tx); err != nil {
+		return err
+	}
+	stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (at, sandbox_id, task_id, team, key_id, kind, data) VALUES (?,?,?,?,?,?,?) RETURNING id`)
 	if err != nil {
-		return fmt.Errorf("append events: %w", err)
+		return err
 	}
 	defer stmt.Close()
 	type owner struct{ task, team string }
@@ -236,7 +242,7 @@ func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 			if !ok {
 				err := tx.QueryRowContext(ctx, `SELECT task_id, team FROM sandboxes WHERE id=?`, ev.SandboxID).Scan(&o.task, &o.team)
 				if err != nil && !errors.Is(err, sql.ErrNoRows) {
-					return fmt.Errorf("append events: owner of sandbox %s: %w", ev.SandboxID, err)
+					return fmt.Errorf("owner of sandbox %s: %w", ev.SandboxID, err)
 				}
 				owners[ev.SandboxID] = o
 			}
@@ -253,7 +259,7 @@ func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 			if !ok {
 				err := tx.QueryRowContext(ctx, `SELECT team FROM tasks WHERE id=?`, ev.TaskID).Scan(&team)
 				if err != nil && !errors.Is(err, sql.ErrNoRows) {
-					return fmt.Errorf("append events: team of task %s: %w", ev.TaskID, err)
+					return fmt.Errorf("team of task %s: %w", ev.TaskID, err)
 				}
 				taskTeams[ev.TaskID] = team
 			}
@@ -268,14 +274,9 @@ func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 		if len(data) == 0 {
 			data = json.RawMessage("{}")
 		}
-		r, err := stmt.ExecContext(ctx, ev.At.UnixMicro(), ev.SandboxID, ev.TaskID, ev.Team, ev.KeyID, ev.Kind, string(data))
-		if err != nil {
+		if err := stmt.QueryRowContext(ctx, ev.At.UnixMicro(), ev.SandboxID, ev.TaskID, ev.Team, ev.KeyID, ev.Kind, string(data)).Scan(&ev.ID); err != nil {
 			return fmt.Errorf("append %s event: %w", ev.Kind, err)
 		}
-		ev.ID, _ = r.LastInsertId()
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("append events: %w", err)
 	}
 	return nil
 }

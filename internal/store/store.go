@@ -1,7 +1,9 @@
-// Package store keeps corral's records in SQLite (pure Go, WAL mode,
-// synchronous=FULL so a committed record survives a crash): sandboxes,
-// commands, API keys, brokered secrets and the append-only event log.
-// Records outlive the sandboxes they describe.
+// Package store keeps corral's records: sandboxes, commands, API keys,
+// brokered secrets and the append-only event log. Records outlive the
+// sandboxes they describe. The database is SQLite by default (pure Go,
+// WAL mode, synchronous=FULL so a committed record survives a crash) or
+// PostgreSQL, which several control planes can share (see dialect.go and
+// docs/configuration.md, "Store").
 package store
 
 import (
@@ -14,7 +16,8 @@ import (
 	"strings"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	_ "modernc.org/sqlite"             // registers the "sqlite" driver
 )
 
 // ErrNotFound is returned when no record matches.
@@ -26,7 +29,7 @@ const DefaultTeam = "default"
 
 // Store is an open corral database.
 type Store struct {
-	db *sql.DB
+	db *db
 }
 
 const schema = `
@@ -57,7 +60,7 @@ CREATE TABLE IF NOT EXISTS commands (
 	ended_at INTEGER,
 	command TEXT NOT NULL,
 	cwd TEXT NOT NULL,
-	user TEXT NOT NULL,
+	"user" TEXT NOT NULL,
 	exit_code INTEGER,
 	stdout_bytes INTEGER NOT NULL DEFAULT 0,
 	stderr_bytes INTEGER NOT NULL DEFAULT 0,
@@ -113,8 +116,6 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, id);
 CREATE INDEX IF NOT EXISTS events_kind ON events(kind, id);
-CREATE TRIGGER IF NOT EXISTS events_append_only_update BEFORE UPDATE ON events
-BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
 CREATE TABLE IF NOT EXISTS api_keys (
 	hash TEXT PRIMARY KEY,
 	name TEXT NOT NULL,
@@ -122,8 +123,23 @@ CREATE TABLE IF NOT EXISTS api_keys (
 );
 `
 
-// Open opens (creating if needed) the database at path.
-func Open(path string) (*Store, error) {
+// IsPostgres reports whether a store address names a PostgreSQL
+// database (a postgres:// or postgresql:// URL) rather than a SQLite
+// file.
+func IsPostgres(addr string) bool {
+	return strings.HasPrefix(addr, "postgres://") || strings.HasPrefix(addr, "postgresql://")
+}
+
+// Open opens (creating and migrating if needed) the store at addr: a
+// PostgreSQL URL (see IsPostgres) or the path of a SQLite file.
+func Open(addr string) (*Store, error) {
+	if IsPostgres(addr) {
+		return openPostgres(addr)
+	}
+	return openSQLite(addr)
+}
+
+func openSQLite(path string) (*Store, error) {
 	// The database holds brokered secret values and access tokens: only
 	// root may read it. SQLite gives its -wal and -shm files the database
 	// file's mode.
@@ -138,32 +154,82 @@ func Open(path string) (*Store, error) {
 		}
 	}
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
-	db, err := sql.Open("sqlite", dsn)
+	sdb, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
-	db.SetMaxOpenConns(1) // one writer; SQLite serialises anyway
-	if _, err := db.Exec(schema + teamTablesSchema()); err != nil {
-		db.Close()
+	sdb.SetMaxOpenConns(1) // one writer; SQLite serialises anyway
+	return openDB(sdb, sqliteDialect{})
+}
+
+// Pool bounds of a PostgreSQL store's connections (per control plane).
+const (
+	PostgresMaxConns     = 16
+	PostgresMaxIdleConns = 4
+)
+
+func openPostgres(url string) (*Store, error) {
+	sdb, err := sql.Open("pgx", url)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	sdb.SetMaxOpenConns(PostgresMaxConns)
+	sdb.SetMaxIdleConns(PostgresMaxIdleConns)
+	sdb.SetConnMaxIdleTime(5 * time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := sdb.PingContext(ctx); err != nil {
+		sdb.Close()
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	return openDB(sdb, postgresDialect{})
+}
+
+func openDB(sdb *sql.DB, d dialect) (*Store, error) {
+	if err := migrate(context.Background(), sdb, d); err != nil {
+		sdb.Close()
 		return nil, fmt.Errorf("migrate store: %w", err)
 	}
-	if _, err := db.Exec(teamQuotasSchema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("migrate store: %w", err)
+	return &Store{db: &db{sql: sdb, d: d}}, nil
+}
+
+// Backend is "sqlite" or "postgres".
+func (s *Store) Backend() string { return s.db.d.name() }
+
+// migrate brings a database to the current layout in one transaction
+// (a crash leaves the old layout or the new one, never half of one),
+// under the dialect's migration lock (two control planes starting at
+// once on one PostgreSQL database migrate one after the other). Every
+// step is idempotent: tables and indexes are created if missing, columns
+// added since a table was released are added if missing, older layouts
+// are rebuilt.
+func migrate(ctx context.Context, sdb *sql.DB, d dialect) error {
+	t, err := sdb.BeginTx(ctx, nil)
+	if err != nil {
+		return err
 	}
-	if err := addColumns(db); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("migrate store: %w", err)
+	defer t.Rollback()
+	if err := d.lockMigration(ctx, t); err != nil {
+		return err
 	}
-	if err := rebuildTeamTables(db); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("migrate store: %w", err)
+	if _, err := t.ExecContext(ctx, d.ddl(schema+teamTablesSchema()+teamQuotasSchema)); err != nil {
+		return err
 	}
-	if _, err := db.Exec(`CREATE INDEX IF NOT EXISTS events_task ON events(task_id, id)` + `;` + appendOnlyDelete + usageSchema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("migrate store: %w", err)
+	for _, c := range addedColumns {
+		if err := d.addColumn(ctx, t, c.table, c.column, d.ddl(c.def)); err != nil {
+			return fmt.Errorf("add %s.%s: %w", c.table, c.column, err)
+		}
 	}
-	return &Store{db: db}, nil
+	if err := d.upgradeLegacy(ctx, t); err != nil {
+		return err
+	}
+	if _, err := t.ExecContext(ctx, d.ddl(`CREATE INDEX IF NOT EXISTS events_task ON events(task_id, id);`+usageSchema)); err != nil {
+		return err
+	}
+	if _, err := t.ExecContext(ctx, d.appendOnly()); err != nil {
+		return err
+	}
+	return t.Commit()
 }
 
 // addedColumns are columns added after a table was first released; a
@@ -193,23 +259,8 @@ var addedColumns = []struct{ table, column, def string }{
 	{"api_keys", "revoked_at", "INTEGER"},
 }
 
-func addColumns(db *sql.DB) error {
-	for _, c := range addedColumns {
-		var n int
-		if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info(?) WHERE name=?`, c.table, c.column).Scan(&n); err != nil {
-			return err
-		}
-		if n == 0 {
-			if _, err := db.Exec(`ALTER TABLE ` + c.table + ` ADD COLUMN ` + c.column + ` ` + c.def); err != nil {
-				return fmt.Errorf("add %s.%s: %w", c.table, c.column, err)
-			}
-		}
-	}
-	return nil
-}
-
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error { return s.db.sql.Close() }
 
 // Resources are a sandbox's recorded limits.
 type Resources struct {
@@ -517,12 +568,13 @@ type Command struct {
 
 // StartCommand records a command as started and returns its record id.
 func (s *Store) StartCommand(ctx context.Context, c *Command) (int64, error) {
-	r, err := s.db.ExecContext(ctx, `INSERT INTO commands (sandbox_id, started_at, command, cwd, user)
-		VALUES (?,?,?,?,?)`, c.SandboxID, ms(c.StartedAt), c.Command, c.Cwd, c.User)
+	var id int64
+	err := s.db.QueryRowContext(ctx, `INSERT INTO commands (sandbox_id, started_at, command, cwd, "user")
+		VALUES (?,?,?,?,?) RETURNING id`, c.SandboxID, ms(c.StartedAt), c.Command, c.Cwd, c.User).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("record command: %w", err)
 	}
-	return r.LastInsertId()
+	return id, nil
 }
 
 // EndCommand records how a command ended.
@@ -532,7 +584,7 @@ func (s *Store) EndCommand(ctx context.Context, c *Command) error {
 		ended = ms(*c.EndedAt)
 	}
 	_, err := s.db.ExecContext(ctx, `UPDATE commands SET ended_at=?, exit_code=?, stdout_bytes=?, stderr_bytes=?,
-		timed_out=?, end_reason=? WHERE id=?`, ended, c.ExitCode, c.StdoutBytes, c.StderrBytes, c.TimedOut, c.EndReason, c.ID)
+		timed_out=?, end_reason=? WHERE id=?`, ended, c.ExitCode, c.StdoutBytes, c.StderrBytes, b2i(c.TimedOut), c.EndReason, c.ID)
 	if err != nil {
 		return fmt.Errorf("record command end: %w", err)
 	}
@@ -565,7 +617,7 @@ func (s *Store) EndOpenCommands(ctx context.Context, sandboxID, reason string, a
 
 // ListCommands returns the commands of a sandbox in order.
 func (s *Store) ListCommands(ctx context.Context, sandboxID string) ([]*Command, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, sandbox_id, started_at, ended_at, command, cwd, user, exit_code,
+	rows, err := s.db.QueryContext(ctx, `SELECT id, sandbox_id, started_at, ended_at, command, cwd, "user", exit_code,
 		stdout_bytes, stderr_bytes, timed_out, end_reason FROM commands WHERE sandbox_id=? ORDER BY id`, sandboxID)
 	if err != nil {
 		return nil, fmt.Errorf("list commands: %w", err)
@@ -599,7 +651,7 @@ func (s *Store) ListCommands(ctx context.Context, sandboxID string) ([]*Command,
 type scanner interface{ Scan(...any) error }
 
 // queryAll runs q and returns every row made by scan.
-func queryAll[T any](ctx context.Context, db *sql.DB, what, q string, args []any, scan func(scanner) (T, error)) ([]T, error) {
+func queryAll[T any](ctx context.Context, db querier, what, q string, args []any, scan func(scanner) (T, error)) ([]T, error) {
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)

@@ -82,7 +82,7 @@ func (s *Store) InsertTask(ctx context.Context, t *Task) error {
 	}
 	a, _ := json.Marshal(arts)
 	_, err := s.db.ExecContext(ctx, `INSERT INTO tasks (`+taskCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,NULL,?)`,
-		t.ID, t.Agent, t.Implicit, t.State, string(b), string(u), string(br), t.OnTrip, string(a), ms(t.CreatedAt), teamOr(t.Team))
+		t.ID, t.Agent, b2i(t.Implicit), t.State, string(b), string(u), string(br), t.OnTrip, string(a), ms(t.CreatedAt), teamOr(t.Team))
 	if err != nil {
 		return fmt.Errorf("insert task %s: %w", t.ID, err)
 	}

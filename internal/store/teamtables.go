@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"strings"
@@ -60,32 +61,27 @@ func teamTablesSchema() string {
 // to the per-team layout. SQLite cannot change a PRIMARY KEY or UNIQUE
 // constraint in place, so the table is rebuilt: a new table is created,
 // the rows are copied with team DefaultTeam, the old table is dropped and
-// the new one renamed — in one transaction, so a crash leaves either
-// layout, never half of one. A table that has a team column is left
+// the new one renamed — in the migration's transaction, so a crash
+// leaves either layout, never half of one. A table that has a team column is left
 // alone (the rebuild is idempotent). It runs after addColumns, so that an
 // old table has every column it copies.
-func rebuildTeamTables(db *sql.DB) error {
+func rebuildTeamTables(ctx context.Context, tx *sql.Tx) error {
 	for _, t := range teamTables {
 		var n int
-		if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info(?) WHERE name='team'`, t.name).Scan(&n); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info(?) WHERE name='team'`, t.name).Scan(&n); err != nil {
 			return fmt.Errorf("rebuild %s for teams: %w", t.name, err)
 		}
 		if n > 0 {
 			continue
 		}
-		if err := rebuildTeamTable(db, t); err != nil {
+		if err := rebuildTeamTable(ctx, tx, t); err != nil {
 			return fmt.Errorf("rebuild %s for teams: %w", t.name, err)
 		}
 	}
 	return nil
 }
 
-func rebuildTeamTable(db *sql.DB, t teamTable) error {
-	tx, err := db.Begin()
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
+func rebuildTeamTable(ctx context.Context, tx *sql.Tx, t teamTable) error {
 	tmp := t.name + "_teams"
 	for _, q := range []string{
 		`DROP TABLE IF EXISTS ` + tmp,
@@ -94,9 +90,9 @@ func rebuildTeamTable(db *sql.DB, t teamTable) error {
 		`DROP TABLE ` + t.name,
 		`ALTER TABLE ` + tmp + ` RENAME TO ` + t.name,
 	} {
-		if _, err := tx.Exec(q); err != nil {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
 			return err
 		}
 	}
-	return tx.Commit()
+	return nil
 }

@@ -94,81 +94,83 @@ func TestTeamTablesMigrateFromOldLayout(t *testing.T) {
 // ?team=all). A name looked up in every team that two teams use is
 // ErrAmbiguous, never one of them at random.
 func TestSameNamesInTwoTeams(t *testing.T) {
-	ctx := context.Background()
-	s, err := Open(filepath.Join(t.TempDir(), "corral.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	now := time.Now()
-	for _, v := range []*Volume{{ID: "vola", Team: "team-a", Name: "data"}, {ID: "volb", Team: "team-b", Name: "data"}} {
-		v.SizeMB, v.Token, v.CreatedAt = 16, "tok-"+v.ID, now
-		if err := s.InsertVolume(ctx, v); err != nil {
+	eachBackend(t, func(t *testing.T, bk backend) {
+		ctx := context.Background()
+		s, err := Open(bk.addr(t))
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := s.InsertVolume(ctx, &Volume{ID: "vola2", Team: "team-a", Name: "data", SizeMB: 16, CreatedAt: now}); !errors.Is(err, ErrVolumeExists) {
-		t.Fatalf("a second volume named data in team A: %v, want ErrVolumeExists", err)
-	}
-	for _, tc := range []struct{ team, ref, want string }{
-		{"team-a", "data", "vola"}, {"team-b", "data", "volb"}, {"team-a", "vola", "vola"},
-		{"team-a", "volb", ""}, {"team-b", "vola", ""}, {"team-c", "data", ""},
-		{"", "volb", "volb"}, // every team's, by id
-	} {
-		v, err := s.GetVolume(ctx, tc.team, tc.ref)
-		if tc.want == "" {
-			if !errors.Is(err, ErrNotFound) {
-				t.Errorf("team %q gets volume %q: %+v, %v; want ErrNotFound", tc.team, tc.ref, v, err)
+		defer s.Close()
+		now := time.Now()
+		for _, v := range []*Volume{{ID: "vola", Team: "team-a", Name: "data"}, {ID: "volb", Team: "team-b", Name: "data"}} {
+			v.SizeMB, v.Token, v.CreatedAt = 16, "tok-"+v.ID, now
+			if err := s.InsertVolume(ctx, v); err != nil {
+				t.Fatal(err)
 			}
-			continue
 		}
-		if err != nil || v.ID != tc.want {
-			t.Errorf("team %q gets volume %q: %+v, %v; want %s", tc.team, tc.ref, v, err, tc.want)
+		if err := s.InsertVolume(ctx, &Volume{ID: "vola2", Team: "team-a", Name: "data", SizeMB: 16, CreatedAt: now}); !errors.Is(err, ErrVolumeExists) {
+			t.Fatalf("a second volume named data in team A: %v, want ErrVolumeExists", err)
 		}
-	}
-	if _, err := s.GetVolume(ctx, "", "data"); !errors.Is(err, ErrAmbiguous) {
-		t.Errorf("every team's volume named data: %v, want ErrAmbiguous", err)
-	}
-	if vs, _ := s.ListVolumes(ctx, "team-b"); len(vs) != 1 || vs[0].ID != "volb" {
-		t.Errorf("team B's volumes: %+v", vs)
-	}
+		for _, tc := range []struct{ team, ref, want string }{
+			{"team-a", "data", "vola"}, {"team-b", "data", "volb"}, {"team-a", "vola", "vola"},
+			{"team-a", "volb", ""}, {"team-b", "vola", ""}, {"team-c", "data", ""},
+			{"", "volb", "volb"}, // every team's, by id
+		} {
+			v, err := s.GetVolume(ctx, tc.team, tc.ref)
+			if tc.want == "" {
+				if !errors.Is(err, ErrNotFound) {
+					t.Errorf("team %q gets volume %q: %+v, %v; want ErrNotFound", tc.team, tc.ref, v, err)
+				}
+				continue
+			}
+			if err != nil || v.ID != tc.want {
+				t.Errorf("team %q gets volume %q: %+v, %v; want %s", tc.team, tc.ref, v, err, tc.want)
+			}
+		}
+		if _, err := s.GetVolume(ctx, "", "data"); !errors.Is(err, ErrAmbiguous) {
+			t.Errorf("every team's volume named data: %v, want ErrAmbiguous", err)
+		}
+		if vs, _ := s.ListVolumes(ctx, "team-b"); len(vs) != 1 || vs[0].ID != "volb" {
+			t.Errorf("team B's volumes: %+v", vs)
+		}
 
-	for _, team := range []string{"team-a", "team-b"} {
-		if err := s.PutSecret(ctx, &Secret{Team: team, Name: "github", Hosts: []string{"api.github.com"}, Header: "Authorization", Value: "Bearer " + team}); err != nil {
+		for _, team := range []string{"team-a", "team-b"} {
+			if err := s.PutSecret(ctx, &Secret{Team: team, Name: "github", Hosts: []string{"api.github.com"}, Header: "Authorization", Value: "Bearer " + team}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.PutSecret(ctx, &Secret{Team: "team-b", Name: "github", Hosts: []string{"x.test"}, Header: "Authorization", Value: "Bearer b-rotated"}); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := s.PutSecret(ctx, &Secret{Team: "team-b", Name: "github", Hosts: []string{"x.test"}, Header: "Authorization", Value: "Bearer b-rotated"}); err != nil {
-		t.Fatal(err)
-	}
-	if a, err := s.GetSecret(ctx, "team-a", "github"); err != nil || a.Value != "Bearer team-a" || a.Hosts[0] != "api.github.com" {
-		t.Fatalf("team A's secret after team B replaced its own: %+v, %v", a, err)
-	}
-	if _, err := s.GetSecret(ctx, "team-c", "github"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("team C gets github: %v, want ErrNotFound", err)
-	}
-	if err := s.DeleteSecret(ctx, "team-c", "github"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("team C deletes github: %v, want ErrNotFound", err)
-	}
-	if err := s.DeleteSecret(ctx, "team-b", "github"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.GetSecret(ctx, "team-a", "github"); err != nil {
-		t.Fatalf("team A's secret after team B deleted its own: %v", err)
-	}
-	if l, _ := s.ListSecrets(ctx, "team-b"); len(l) != 0 {
-		t.Fatalf("team B's secrets after its delete: %+v", l)
-	}
-
-	for _, team := range []string{"team-a", "team-b"} {
-		if err := s.PutPool(ctx, Pool{Team: team, Template: "base", Min: 1, Max: 2, MaxIdleS: 60}); err != nil {
+		if a, err := s.GetSecret(ctx, "team-a", "github"); err != nil || a.Value != "Bearer team-a" || a.Hosts[0] != "api.github.com" {
+			t.Fatalf("team A's secret after team B replaced its own: %+v, %v", a, err)
+		}
+		if _, err := s.GetSecret(ctx, "team-c", "github"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("team C gets github: %v, want ErrNotFound", err)
+		}
+		if err := s.DeleteSecret(ctx, "team-c", "github"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("team C deletes github: %v, want ErrNotFound", err)
+		}
+		if err := s.DeleteSecret(ctx, "team-b", "github"); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := s.PutPool(ctx, Pool{Team: "team-b", Template: "base"}); err != nil { // max 0: team B removes its pool
-		t.Fatal(err)
-	}
-	if ps, _ := s.ListPools(ctx); len(ps) != 1 || ps[0].Team != "team-a" {
-		t.Fatalf("pools after team B removed its own: %+v, want team A's only", ps)
-	}
+		if _, err := s.GetSecret(ctx, "team-a", "github"); err != nil {
+			t.Fatalf("team A's secret after team B deleted its own: %v", err)
+		}
+		if l, _ := s.ListSecrets(ctx, "team-b"); len(l) != 0 {
+			t.Fatalf("team B's secrets after its delete: %+v", l)
+		}
+
+		for _, team := range []string{"team-a", "team-b"} {
+			if err := s.PutPool(ctx, Pool{Team: team, Template: "base", Min: 1, Max: 2, MaxIdleS: 60}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.PutPool(ctx, Pool{Team: "team-b", Template: "base"}); err != nil { // max 0: team B removes its pool
+			t.Fatal(err)
+		}
+		if ps, _ := s.ListPools(ctx); len(ps) != 1 || ps[0].Team != "team-a" {
+			t.Fatalf("pools after team B removed its own: %+v, want team A's only", ps)
+		}
+	})
 }

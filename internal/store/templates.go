@@ -49,23 +49,22 @@ const templateCols = `name, version, digest, parent, source, rootfs, layers, con
 func (s *Store) InsertTemplateVersion(ctx context.Context, t *TemplateVersion, makeCurrent bool) error {
 	l, _ := json.Marshal(t.Layers)
 	c, _ := json.Marshal(t.Config)
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if makeCurrent {
-		if _, err := tx.ExecContext(ctx, `UPDATE template_versions SET current=0 WHERE name=?`, t.Name); err != nil {
-			return err
+	// Serializable: of two versions made current at once, one is.
+	err := s.db.inTx(ctx, true, func(tx *tx) error {
+		if makeCurrent {
+			if _, err := tx.ExecContext(ctx, `UPDATE template_versions SET current=0 WHERE name=?`, t.Name); err != nil {
+				return err
+			}
 		}
-	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO template_versions (`+templateCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
-		t.Name, t.Version, t.Digest, t.Parent, t.Source, t.RootFS, string(l), string(c), t.SizeBytes, t.BuildLog, ms(t.CreatedAt), makeCurrent, t.Team)
+		_, err := tx.ExecContext(ctx, `INSERT INTO template_versions (`+templateCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+			t.Name, t.Version, t.Digest, t.Parent, t.Source, t.RootFS, string(l), string(c), t.SizeBytes, t.BuildLog, ms(t.CreatedAt), b2i(makeCurrent), t.Team)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("insert template %s: %w", t.Ref(), err)
 	}
 	t.Current = makeCurrent
-	return tx.Commit()
+	return nil
 }
 
 // GetTemplateVersion returns name:version, or the current version of name
@@ -101,22 +100,17 @@ func (s *Store) ListTemplateVersions(ctx context.Context, name string) ([]*Templ
 
 // SetCurrentTemplate makes name:version the current version (rollback).
 func (s *Store) SetCurrentTemplate(ctx context.Context, name, version string) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
+	return s.db.inTx(ctx, true, func(tx *tx) error {
+		r, err := tx.ExecContext(ctx, `UPDATE template_versions SET current=1 WHERE name=? AND version=?`, name, version)
+		if err != nil {
+			return err
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return ErrNotFound
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE template_versions SET current=0 WHERE name=? AND version<>?`, name, version)
 		return err
-	}
-	defer tx.Rollback()
-	r, err := tx.ExecContext(ctx, `UPDATE template_versions SET current=1 WHERE name=? AND version=?`, name, version)
-	if err != nil {
-		return err
-	}
-	if n, _ := r.RowsAffected(); n == 0 {
-		return ErrNotFound
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE template_versions SET current=0 WHERE name=? AND version<>?`, name, version); err != nil {
-		return err
-	}
-	return tx.Commit()
+	})
 }
 
 // TemplateUsers returns the live sandboxes, snapshots and template

@@ -89,26 +89,30 @@ type UsageBaseline struct {
 // sandboxes' previous ones) and deletes the baselines of the sandboxes in
 // drop, all in one transaction: a crash keeps all of it or none.
 func (s *Store) WriteUsage(ctx context.Context, recs []UsageRecord, baselines []UsageBaseline, drop []string) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	err := s.db.inTx(ctx, false, func(tx *tx) error { return writeUsage(ctx, tx, recs, baselines, drop) })
 	if err != nil {
 		return fmt.Errorf("write usage: %w", err)
 	}
-	defer tx.Rollback()
+	return nil
+}
+
+func writeUsage(ctx context.Context, tx *tx, recs []UsageRecord, baselines []UsageBaseline, drop []string) error {
 	for _, r := range recs {
 		_, err := tx.ExecContext(ctx, `INSERT INTO usage (sandbox_id, bucket, cpu_seconds, memory_gib_seconds, egress_bytes_up, egress_bytes_down, commands)
 			VALUES (?,?,?,?,?,?,?) ON CONFLICT (sandbox_id, bucket) DO UPDATE SET
-			cpu_seconds = cpu_seconds + excluded.cpu_seconds,
-			memory_gib_seconds = memory_gib_seconds + excluded.memory_gib_seconds,
-			egress_bytes_up = egress_bytes_up + excluded.egress_bytes_up,
-			egress_bytes_down = egress_bytes_down + excluded.egress_bytes_down,
-			commands = commands + excluded.commands`,
+			cpu_seconds = usage.cpu_seconds + excluded.cpu_seconds,
+			memory_gib_seconds = usage.memory_gib_seconds + excluded.memory_gib_seconds,
+			egress_bytes_up = usage.egress_bytes_up + excluded.egress_bytes_up,
+			egress_bytes_down = usage.egress_bytes_down + excluded.egress_bytes_down,
+			commands = usage.commands + excluded.commands`,
 			r.SandboxID, r.Bucket.Unix(), r.CPUSeconds, r.MemoryGiBSeconds, r.EgressBytesUp, r.EgressBytesDown, r.Commands)
 		if err != nil {
 			return fmt.Errorf("write usage of %s: %w", r.SandboxID, err)
 		}
 	}
 	for _, b := range baselines {
-		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO usage_baselines (sandbox_id, cpu_seconds, memory_bytes, sampled_at) VALUES (?,?,?,?)`,
+		if _, err := tx.ExecContext(ctx, `INSERT INTO usage_baselines (sandbox_id, cpu_seconds, memory_bytes, sampled_at) VALUES (?,?,?,?)
+			ON CONFLICT (sandbox_id) DO UPDATE SET cpu_seconds=excluded.cpu_seconds, memory_bytes=excluded.memory_bytes, sampled_at=excluded.sampled_at`,
 			b.SandboxID, b.CPUSeconds, b.MemoryBytes, b.SampledAt.UnixMicro()); err != nil {
 			return fmt.Errorf("write usage baseline of %s: %w", b.SandboxID, err)
 		}
@@ -117,9 +121,6 @@ func (s *Store) WriteUsage(ctx context.Context, recs []UsageRecord, baselines []
 		if _, err := tx.ExecContext(ctx, `DELETE FROM usage_baselines WHERE sandbox_id=?`, id); err != nil {
 			return fmt.Errorf("drop usage baseline of %s: %w", id, err)
 		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("write usage: %w", err)
 	}
 	return nil
 }
@@ -209,7 +210,7 @@ func (s *Store) UsageTotalsByTeam(ctx context.Context) (map[string]UsageAmounts,
 
 // usageSums are the summed amount columns of usage rows u, in
 // UsageAmounts order.
-const usageSums = `TOTAL(u.cpu_seconds), TOTAL(u.memory_gib_seconds), COALESCE(SUM(u.egress_bytes_up), 0), COALESCE(SUM(u.egress_bytes_down), 0), COALESCE(SUM(u.commands), 0)`
+const usageSums = `COALESCE(SUM(u.cpu_seconds), 0), COALESCE(SUM(u.memory_gib_seconds), 0), COALESCE(SUM(u.egress_bytes_up), 0), COALESCE(SUM(u.egress_bytes_down), 0), COALESCE(SUM(u.commands), 0)`
 
 // SandboxSecondsByTeam sums, by team, the lives (created_at to ended_at,
 // or to now for a sandbox that has not ended) of the sandboxes that have
@@ -234,14 +235,14 @@ func (s *Store) SandboxSecondsByTeam(ctx context.Context, endedAfter, endedThrou
 		}
 		return out
 	}
-	rows, err := queryAll(ctx, s.db, "sandbox seconds", `SELECT team, COALESCE(SUM(MAX(0, COALESCE(ended_at, ?) - created_at)), 0) FROM sandboxes
+	rows, err := queryAll(ctx, s.db, "sandbox seconds", `SELECT team, COALESCE(SUM(GREATEST(0, COALESCE(ended_at, ?) - created_at)), 0) FROM sandboxes
 		WHERE ended_at IS NULL OR ended_at > ? GROUP BY team`, []any{ms(now), ms(endedAfter)}, scan)
 	if err != nil {
 		return nil, nil, err
 	}
 	recent = toMap(rows)
 	if endedThrough.After(endedAfter) {
-		rows, err = queryAll(ctx, s.db, "sandbox seconds", `SELECT team, COALESCE(SUM(MAX(0, ended_at - created_at)), 0) FROM sandboxes
+		rows, err = queryAll(ctx, s.db, "sandbox seconds", `SELECT team, COALESCE(SUM(GREATEST(0, ended_at - created_at)), 0) FROM sandboxes
 			WHERE ended_at > ? AND ended_at <= ? GROUP BY team`, []any{ms(endedAfter), ms(endedThrough)}, scan)
 		if err != nil {
 			return nil, nil, err
@@ -360,11 +361,11 @@ func (s *Store) UsageReport(ctx context.Context, q UsageQuery) ([]*UsageRow, err
 		n   int64
 	}
 	lives, err := queryAll(ctx, s.db, "usage report", `SELECT `+group+`,
-		COALESCE(SUM(MAX(0, MIN(COALESCE(s.ended_at, ?), ?, ?) - MAX(s.created_at, ?))), 0), COUNT(*)
+		COALESCE(SUM(GREATEST(0, LEAST(COALESCE(s.ended_at, ?), ?) - GREATEST(s.created_at, ?))), 0), COUNT(*)
 		FROM sandboxes s LEFT JOIN tasks t ON t.id = s.task_id
-		WHERE (? = '' OR s.team = ?) AND s.created_at < MIN(?, ?) AND (s.ended_at IS NULL OR s.ended_at > ?)
+		WHERE (? = '' OR s.team = ?) AND s.created_at < ? AND (s.ended_at IS NULL OR s.ended_at > ?)
 		GROUP BY `+group+` ORDER BY `+group,
-		[]any{nowMS, nowMS, untilMS, sinceMS, q.Team, q.Team, untilMS, nowMS, sinceMS},
+		[]any{nowMS, min(nowMS, untilMS), sinceMS, q.Team, q.Team, min(untilMS, nowMS), sinceMS},
 		func(sc scanner) (life, error) {
 			var l life
 			var err error
@@ -402,7 +403,7 @@ func (s *Store) PruneUsage(ctx context.Context, before time.Time) (int64, error)
 	}
 	var total int64
 	for {
-		r, err := s.db.ExecContext(ctx, `DELETE FROM usage WHERE rowid IN (SELECT rowid FROM usage WHERE bucket < ? ORDER BY bucket LIMIT ?)`,
+		r, err := s.db.ExecContext(ctx, `DELETE FROM usage WHERE (sandbox_id, bucket) IN (SELECT sandbox_id, bucket FROM usage WHERE bucket < ? ORDER BY bucket LIMIT ?)`,
 			before.Unix(), pruneBatch)
 		if err != nil {
 			return total, fmt.Errorf("prune usage: %w", err)

@@ -2,9 +2,10 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 	"time"
 )
 
@@ -42,7 +43,7 @@ func (s *Store) InsertVolume(ctx context.Context, v *Volume) error {
 	v.Team = teamOr(v.Team)
 	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes (`+volumeCols+`) VALUES (?,?,?,?,?,?)`,
 		v.ID, v.Name, v.SizeMB, v.Token, ms(v.CreatedAt), v.Team)
-	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
+	if err != nil && s.db.d.isUnique(err) {
 		return ErrVolumeExists
 	}
 	if err != nil {
@@ -108,10 +109,36 @@ func (s *Store) DeleteVolume(ctx context.Context, id string) error {
 }
 
 // VolumeUsers returns the sandboxes that have not ended and mount volume id.
+// The mounts are JSON in the sandbox record and matched here, not in SQL
+// (the two databases' JSON functions differ); only live sandboxes are
+// read.
 func (s *Store) VolumeUsers(ctx context.Context, id string) ([]string, error) {
-	return queryAll(ctx, s.db, "volume users",
-		`SELECT sandboxes.id FROM sandboxes, json_each(sandboxes.volumes) AS v
-		 WHERE sandboxes.state<>'ended' AND json_extract(v.value, '$.id')=? ORDER BY sandboxes.id`, []any{id}, scanString)
+	type mounts struct {
+		id   string
+		vols []VolumeMount
+	}
+	live, err := queryAll(ctx, s.db, "volume users", `SELECT id, volumes FROM sandboxes WHERE state<>'ended' ORDER BY id`, nil,
+		func(sc scanner) (mounts, error) {
+			var m mounts
+			var vols string
+			if err := sc.Scan(&m.id, &vols); err != nil {
+				return m, err
+			}
+			if err := json.Unmarshal([]byte(vols), &m.vols); err != nil {
+				return m, fmt.Errorf("volumes of sandbox %s: %w", m.id, err)
+			}
+			return m, nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	var users []string
+	for _, m := range live {
+		if slices.ContainsFunc(m.vols, func(v VolumeMount) bool { return v.ID == id }) {
+			users = append(users, m.id)
+		}
+	}
+	return users, nil
 }
 
 func scanVolume(sc scanner) (*Volume, error) {
