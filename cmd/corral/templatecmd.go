@@ -17,7 +17,7 @@ import (
 // newTemplateCmd is `corral template`: local template management.
 func newTemplateCmd(g *clientGlobals) *cobra.Command {
 	cmd := &cobra.Command{Use: "template", Short: "Build, import, list, inspect and remove templates"}
-	var cache, mirror string
+	var cache, mirror, storeAddr string
 	var ids idrange.Range
 	var idFiles idrange.Files
 	build := &cobra.Command{
@@ -46,7 +46,7 @@ see --uid-range).`,
 			if err != nil {
 				return err
 			}
-			return registerLocal(cmd, data, func(reg *registry.Registry) error { return reg.RegisterBase(cmd.Context(), t) },
+			return registerLocal(cmd, data, storeAddr, func(reg *registry.Registry) error { return reg.RegisterBase(cmd.Context(), t) },
 				"base:"+t.Version, t)
 		},
 	}
@@ -76,11 +76,12 @@ also registers a cached build at start. Needs root and debootstrap.`,
 			if err != nil {
 				return err
 			}
-			return registerLocal(cmd, data, func(reg *registry.Registry) error { return reg.RegisterCodeInterpreter(cmd.Context(), t) },
+			return registerLocal(cmd, data, storeAddr, func(reg *registry.Registry) error { return reg.RegisterCodeInterpreter(cmd.Context(), t) },
 				template.CodeInterpreterName+":"+t.Version, t)
 		},
 	}
 	for _, c := range []*cobra.Command{build, ci} {
+		c.Flags().StringVar(&storeAddr, "store", "", "the server's PostgreSQL store, as corral serve --store (env CORRAL_STORE; default: the SQLite file DATA/corral.db)")
 		c.Flags().StringVar(&cache, "template-cache", "", "template build cache (default /var/cache/corral/templates or $CORRAL_TEMPLATE_CACHE)")
 		c.Flags().StringVar(&mirror, "mirror", "", "Debian mirror (default "+template.DefaultMirror+")")
 		c.Flags().Var(idRangeFlag{&ids}, "uid-range", "host uid/gid range of the data dir, BASE[:65536] (default: as corral serve picks it)")
@@ -92,11 +93,18 @@ also registers a cached build at start. Needs root and debootstrap.`,
 	return cmd
 }
 
-// registerLocal records a build in the data dir's registry (after moving
-// an old data dir's template links into it) and prints ref, its build dir
-// and size.
-func registerLocal(cmd *cobra.Command, data string, register func(*registry.Registry) error, ref string, t template.Template) error {
-	st, err := store.Open(filepath.Join(data, "corral.db"))
+// registerLocal records a build in the server's registry (the store at
+// addr, else DATA/corral.db; after moving an old data dir's template
+// links into it) and prints ref, its build dir and size.
+func registerLocal(cmd *cobra.Command, data, addr string, register func(*registry.Registry) error, ref string, t template.Template) error {
+	addr = firstNonEmpty(addr, os.Getenv("CORRAL_STORE"))
+	if addr != "" && !store.IsPostgres(addr) {
+		return fmt.Errorf("store: want a postgres:// or postgresql:// URL (the default store is the SQLite file DATA/corral.db)")
+	}
+	if addr == "" {
+		addr = filepath.Join(data, "corral.db")
+	}
+	st, err := store.Open(addr)
 	if err != nil {
 		return err
 	}

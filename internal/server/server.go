@@ -62,6 +62,10 @@ type Config struct {
 	Insecure bool
 	// DataDir holds the database, admin key, templates and sandbox state.
 	DataDir string
+	// Store is the address of a PostgreSQL store (--store, a postgres://
+	// or postgresql:// URL) that several control planes may share; ""
+	// is the SQLite file DATA/corral.db.
+	Store string
 	// TemplateCache holds template builds (default /var/cache/corral/templates).
 	TemplateCache string
 	// BuildCodeInterpreter builds the code-interpreter template in the
@@ -186,6 +190,15 @@ const (
 	MaxDeathCheckInterval = time.Minute
 )
 
+// StoreAddr is the store's address: Store, or the SQLite file in the data
+// dir.
+func (c *Config) StoreAddr() string {
+	if c.Store != "" {
+		return c.Store
+	}
+	return filepath.Join(c.DataDir, "corral.db")
+}
+
 // Validate fills defaults and checks the configuration. Each refusal
 // names the setting as its `corral serve` flag (and config-file key), the
 // value and the allowed range; all refusals are returned together and
@@ -241,6 +254,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("e2b-internet %q: use none or all-public", c.E2BInternet))
 	}
 	errs = append(errs, c.checkTLS())
+	if c.Store != "" && !store.IsPostgres(c.Store) {
+		errs = append(errs, fmt.Errorf("store: want a postgres:// or postgresql:// URL (the default store is the SQLite file DATA/corral.db)"))
+	}
 	if c.EgressResolver != "" {
 		if _, _, err := net.SplitHostPort(c.EgressResolver); err != nil {
 			errs = append(errs, fmt.Errorf("egress-resolver %q: %w", c.EgressResolver, err))
@@ -364,7 +380,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cfg.IDRange = ids
-	st, err := store.Open(filepath.Join(cfg.DataDir, "corral.db"))
+	st, err := store.Open(cfg.StoreAddr())
 	if err != nil {
 		return nil, err
 	}

@@ -360,3 +360,6 @@ func (l *lockedBuffer) Reset() {
 	defer l.mu.Unlock()
 	l.b.Reset()
 }
+
+// Password is the password of [User] (for PGPASSWORD, a URL without one).
+func (s *Server) Password() string { return s.password }
