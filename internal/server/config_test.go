@@ -58,6 +58,11 @@ func TestValidateBounds(t *testing.T) {
 		{"cpu-runaway-action", func(c *Config) { c.RunawayAction = "host" }, `cpu-runaway-action "host": use sandbox or command`},
 		{"ports-default", func(c *Config) { c.PortsDefault = "open" }, `ports-default "open": use public or private`},
 		{"ports-default private", func(c *Config) { c.PortsDefault = "private" }, ""},
+		// A store that is no PostgreSQL URL is refused without echoing it
+		// (a URL may hold a password).
+		{"store not postgres", func(c *Config) { c.Store = "mysql://u:hunter2@h/db" }, "store: want a postgres:// or postgresql:// URL"},
+		{"store postgres", func(c *Config) { c.Store = "postgres://corral@127.0.0.1:5432/corral" }, ""},
+		{"store postgresql", func(c *Config) { c.Store = "postgresql://corral@127.0.0.1/corral" }, ""},
 		{"negative disables cpu-runaway-for and audit bounds", func(c *Config) {
 			c.Watchdog.CPURunawayFor, c.AuditRetention.MaxAge, c.AuditRetention.MaxEvents, c.RefusalEvents = -1, -1, -1, -1
 		}, ""},
@@ -75,6 +80,9 @@ func TestValidateBounds(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Fatalf("Validate() = %v: the refusal shows a password", err)
 			}
 			// NaN != NaN: compare the rest.
 			if tc.name != "task-max-cpu NaN" && !reflect.DeepEqual(c, before) {
