@@ -110,7 +110,7 @@ func Start(opts Options) (*Server, error) {
 		gid, _ = strconv.Atoi(u.Gid)
 		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
 	}
-	dir, err := os.MkdirTemp("", "corral-pgtest-")
+	dir, err := os.MkdirTemp(tempBase(uid >= 0), "corral-pgtest-")
 	if err != nil {
 		return nil, err
 	}
@@ -148,6 +148,25 @@ func Start(opts Options) (*Server, error) {
 		}
 		if attempt == 4 || !strings.Contains(s.log.String(), "could not bind") {
 			return fail(err)
+		}
+	}
+}
+
+// tempBase is where the cluster's directory is made: the temporary
+// directory, unless another user (the server's, when the test runs as
+// root) cannot reach it (a TMPDIR under /root): then /tmp.
+func tempBase(otherUser bool) string {
+	base := os.TempDir()
+	if !otherUser {
+		return base
+	}
+	for d := base; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || fi.Mode().Perm()&0o001 == 0 {
+			return "/tmp"
+		}
+		if d == "/" {
+			return base
 		}
 	}
 }
