@@ -144,3 +144,78 @@ func TestServePostgresStore(t *testing.T) {
 		t.Fatalf("the host still holds: %v", left)
 	}
 }
+
+// TestTwoControlPlanesOnePostgresStore runs two `corral serve` on one
+// PostgreSQL store (two data dirs, as two replicas): a key made through
+// the first authenticates on the second, and once revoked through the
+// first it is refused (401) by the second on its very next request
+// (nothing is cached); the second's audit log holds the first's key
+// events, with the key that caused them.
+func TestTwoControlPlanesOnePostgresStore(t *testing.T) {
+	need(t)
+	if why := pgtest.Unavailable(); why != "" {
+		t.Fatalf("pgtest: %s (make test installs PostgreSQL)", why)
+	}
+	pg, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := pg.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := pg.CreateDatabase(context.Background(), "corral"); err != nil {
+		t.Fatal(err)
+	}
+	url := pg.URL("corral")
+	tmp := t.TempDir()
+	for d := tmp; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o711)
+	}
+	var procs []*serveProc
+	t.Cleanup(func() {
+		for _, p := range procs {
+			if p.running() {
+				_ = p.signal(t, syscall.SIGTERM)
+			}
+			if t.Failed() {
+				t.Logf("corral serve log (tail):\n%s", logTail(p.log.String(), 40))
+			}
+		}
+	})
+	for _, name := range []string{"a", "b"} {
+		procs = append(procs, startServe(t, filepath.Join(tmp, name), freeAddr(t), "--store", url, "--no-network"))
+	}
+	a, b := procs[0], procs[1]
+	if a.key == b.key {
+		t.Fatal("the two data dirs share an admin key")
+	}
+	var k struct{ Key, ID string }
+	if code, _, body := rest(t, a.url, a.key, "POST", "/v1/keys", map[string]any{"team": "team-x", "name": "ci"}, &k); code != 201 {
+		t.Fatalf("create key on a: %d %s", code, body)
+	}
+	if code, _, body := rest(t, b.url, k.Key, "GET", "/v1/sandboxes", nil, nil); code != 200 {
+		t.Fatalf("a's new key on b: %d %s", code, body)
+	}
+	if code, _, body := rest(t, a.url, a.key, "DELETE", "/v1/keys/"+k.ID, nil, nil); code != 200 {
+		t.Fatalf("revoke on a: %d %s", code, body)
+	}
+	if code, _, body := rest(t, b.url, k.Key, "GET", "/v1/sandboxes", nil, nil); code != 401 {
+		t.Fatalf("a key revoked on a, used on b: %d %s; want 401 at once", code, body)
+	}
+	var audit struct{ Events []store.Event }
+	if code, _, body := rest(t, b.url, b.key, "GET", "/v1/audit?kind=key&team=all", nil, &audit); code != 200 {
+		t.Fatalf("audit on b: %d %s", code, body)
+	}
+	aKey := store.KeyID(store.HashKey(a.key))
+	var kinds []string
+	for _, ev := range audit.Events {
+		if ev.KeyID == aKey && strings.Contains(string(ev.Data), k.ID) {
+			kinds = append(kinds, ev.Kind)
+		}
+	}
+	if strings.Join(kinds, " ") != "key.created key.revoked" {
+		t.Fatalf("b's audit log has %v of a's key events for %s, want key.created key.revoked", kinds, k.ID)
+	}
+}
