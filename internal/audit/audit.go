@@ -21,6 +21,11 @@ import (
 // QueueSize is how many events may wait to be written before Record blocks.
 const QueueSize = 4096
 
+// UnavailableRetry is how long a batch of events is retried while the
+// store cannot be reached (store.IsUnavailable) before it is given up
+// and the error logged.
+const UnavailableRetry = 2 * time.Minute
+
 // maxBatch is the most events written in one transaction.
 const maxBatch = 256
 
@@ -139,14 +144,21 @@ func (l *Log) run() {
 	var syncs []chan struct{}
 	flush := func() {
 		if len(batch) > 0 {
-			// Retry a failed write a few times: an event is never dropped
-			// silently; if the store stays broken the error is logged.
+			// Retry a failed write a few times, and while the store
+			// cannot be reached (a PostgreSQL store restarting or
+			// failing over) for up to UnavailableRetry: an event is
+			// never dropped silently (Record blocks once the queue is
+			// full); if the store stays broken the error is logged.
 			var err error
-			for try := 0; try < 5; try++ {
+			start := time.Now()
+			for try := 0; ; try++ {
 				if err = l.st.AppendEvents(context.Background(), batch); err == nil {
 					break
 				}
-				time.Sleep(time.Duration(try+1) * 50 * time.Millisecond)
+				if try >= 4 && (!store.IsUnavailable(err) || time.Since(start) > UnavailableRetry) {
+					break
+				}
+				time.Sleep(min(time.Duration(try+1)*50*time.Millisecond, time.Second))
 			}
 			if err != nil {
 				l.log.Error("audit log write failed", "events", len(batch), "err", err)

@@ -3,11 +3,15 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"modernc.org/sqlite"
@@ -321,4 +325,24 @@ func b2i(b bool) int64 {
 		return 1
 	}
 	return 0
+}
+
+// IsUnavailable reports whether err says that the database cannot be
+// reached now — a PostgreSQL server that is down, restarting or failing
+// over, a lost connection — rather than that it refused a statement: a
+// write that failed so may succeed later, unchanged.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if c := pgCode(err); c != "" {
+		// connection_exception, operator_intervention (admin_shutdown,
+		// crash_shutdown, cannot_connect_now).
+		return strings.HasPrefix(c, "08") || strings.HasPrefix(c, "57P")
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, driver.ErrBadConn) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }

@@ -311,3 +311,63 @@ func mustKeys(t *testing.T, s *Store) []*APIKey {
 	}
 	return ks
 }
+
+// TestStoreSurvivesPostgresRestart: when the PostgreSQL server restarts
+// (an operator's restart, a failover) under an open store, the store
+// recovers by itself — its pool drops the dead connections — without
+// being reopened: what was committed before is there, and writes work
+// again. At most the first operation on each dead connection fails (the
+// server closed it); none is retried behind the caller's back.
+func TestStoreSurvivesPostgresRestart(t *testing.T) {
+	if why := pgtest.Unavailable(); why != "" {
+		pgtest.Shared(t) // skips or fails, as for every PostgreSQL test
+	}
+	pg, err := pgtest.Start(pgtest.Options{Durable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
+	ctx := context.Background()
+	if err := pg.CreateDatabase(ctx, "corral"); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(pg.URL("corral"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	if err := s.InsertSandbox(ctx, &Sandbox{ID: "before", Template: "base", Runtime: "runc", Tier: "light", State: StateRunning, CreatedAt: now, ExpiresAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AppendEvent(ctx, &Event{SandboxID: "before", Kind: "sandbox.created"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	failures := 0
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := s.GetSandbox(ctx, "before")
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrNotFound) || time.Now().After(deadline) {
+			t.Fatalf("after the restart: %v (after %d failures)", err, failures)
+		}
+		failures++
+		time.Sleep(100 * time.Millisecond)
+	}
+	if failures > PostgresMaxIdleConns {
+		t.Errorf("%d operations failed after the restart, want at most one per pooled connection (%d)", failures, PostgresMaxIdleConns)
+	}
+	if _, err := s.AppendEvent(ctx, &Event{SandboxID: "before", Kind: "sandbox.ended"}); err != nil {
+		t.Fatalf("append after the restart: %v", err)
+	}
+	evs, err := s.ListEvents(ctx, EventFilter{SandboxID: "before"})
+	if err != nil || len(evs) != 2 || evs[0].Kind != "sandbox.created" || evs[1].Kind != "sandbox.ended" {
+		t.Fatalf("events across the restart: %v %v", evs, err)
+	}
+	t.Logf("%d operation(s) failed after the restart", failures)
+}

@@ -68,6 +68,8 @@ type Options struct {
 type Server struct {
 	dir      string
 	port     int
+	cred     *syscall.Credential
+	opts     Options
 	password string
 	cmd      *exec.Cmd
 	exited   chan struct{}
@@ -114,7 +116,7 @@ func Start(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{dir: dir, password: randomHex(16), log: &lockedBuffer{}}
+	s := &Server{dir: dir, password: randomHex(16), log: &lockedBuffer{}, cred: cred, opts: opts}
 	fail := func(err error) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, err
@@ -143,7 +145,7 @@ func Start(opts Options) (*Server, error) {
 	// A port that was free a moment ago may be taken by the time the
 	// server binds it: try a few.
 	for attempt := 0; ; attempt++ {
-		if err = s.start(ctx, cred, opts); err == nil {
+		if err = s.start(ctx, 0); err == nil {
 			return s, nil
 		}
 		if attempt == 4 || !strings.Contains(s.log.String(), "could not bind") {
@@ -177,12 +179,16 @@ func env() []string {
 	return []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", "LANG=C", "TZ=UTC"}
 }
 
-func (s *Server) start(ctx context.Context, cred *syscall.Credential, opts Options) error {
-	port, err := freePort()
-	if err != nil {
-		return err
+// start starts the server on port (0: a free one).
+func (s *Server) start(ctx context.Context, port int) error {
+	if port == 0 {
+		var err error
+		if port, err = freePort(); err != nil {
+			return err
+		}
 	}
 	s.port = port
+	cred, opts := s.cred, s.opts
 	args := []string{"-D", s.data(), "-p", strconv.Itoa(port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB", "-c", "logging_collector=off"}
@@ -278,6 +284,37 @@ func (s *Server) NewDatabase(tb testing.TB) string {
 		}
 	})
 	return s.URL(name)
+}
+
+// Restart shuts the server down (fast shutdown: open transactions are
+// rolled back, connections closed) and starts it again on the same port
+// with the same cluster, as an operator's restart or a failover would.
+func (s *Server) Restart() error {
+	if err := s.Halt(); err != nil {
+		return err
+	}
+	return s.Resume()
+}
+
+// Halt shuts the server down (fast shutdown) and keeps its cluster:
+// until [Server.Resume], connections are refused, as while a production
+// server restarts or fails over.
+func (s *Server) Halt() error {
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.exited:
+		return nil
+	case <-time.After(stopTimeout):
+		s.kill()
+		return fmt.Errorf("postgres did not stop within %v: killed", stopTimeout)
+	}
+}
+
+// Resume starts a halted server again on its port.
+func (s *Server) Resume() error {
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	return s.start(ctx, s.port)
 }
 
 // Stop shuts the server down (fast shutdown: open transactions are
