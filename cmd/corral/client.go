@@ -27,7 +27,7 @@ type clientGlobals struct {
 // addClientCommands registers the client commands (run, sandbox).
 func addClientCommands(root *cobra.Command) {
 	g := &clientGlobals{}
-	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g), newSecretCmd(g), newAuditCmd(g), newTaskCmd(g), newDrillCmd(g), newSnapshotCmd(g), newPoolCmd(g), newTemplateCmd(g), newVolumeCmd(g), newKeyCmd(g), newUsageCmd(g), newMCPCmd(g), newTeamCmd(g)} {
+	for _, c := range []*cobra.Command{newRunCmd(g), newSandboxCmd(g), newSecretCmd(g), newAuditCmd(g), newTaskCmd(g), newDrillCmd(g), newSnapshotCmd(g), newPoolCmd(g), newTemplateCmd(g), newVolumeCmd(g), newKeyCmd(g), newUsageCmd(g), newMCPCmd(g), newTeamCmd(g), newTopCmd(g)} {
 		pf := c.PersistentFlags()
 		pf.StringVar(&g.server, "server", "", "corral server URL (env CORRAL_URL, default "+corral.DefaultURL+")")
 		pf.StringVar(&g.apiKey, "api-key", "", "API key (env CORRAL_API_KEY, else DATA/admin.key for a local server)")

@@ -63,7 +63,7 @@ var wirePairs = []struct {
 // the test that checks that call).
 var noSDKView = map[any]string{
 	new(commandView):        "GET /v1/sandboxes/{id}/commands is for the CLI and operators; the SDK has no call for it",
-	new(sampleView):         "GET /v1/sandboxes/{id}/metrics is for the CLI and operators; the SDK has no call for it",
+	new(sampleView):         "GET /v1/sandboxes/{id}/metrics is for the CLI and operators; the SDK has no call for it (the sample a list or get carries as current is checked inside the sandbox pair, as corral.Sample)",
 	new(runtime.Process):    "GET /v1/sandboxes/{id}/processes is for the CLI; the SDK lists processes through the agent (ProcessInfo)",
 	new(template.LayerInfo): "image_layers of /inspect: the SDK's InspectTemplate returns the template's own layers only",
 	new(forkView):           "decoded inside Client.Fork, which returns the sandboxes and a *ForkError; TestForkPartialFailureReachesSDK",

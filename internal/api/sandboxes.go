@@ -39,6 +39,11 @@ type sandboxView struct {
 	// Warnings are set on create only (for example env vars that look
 	// like secrets).
 	Warnings []string `json:"warnings,omitempty"`
+	// Current is the watchdog's newest sample of a running or paused
+	// sandbox, set by list and get only (for live views such as
+	// corral top: one request instead of one per sandbox); absent
+	// before the first sample and once the sandbox ended.
+	Current *sampleView `json:"current,omitempty"`
 }
 
 func ts(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
@@ -112,7 +117,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]sandboxView, 0, len(list))
 	for _, sb := range list {
-		out = append(out, view(sb))
+		out = append(out, s.liveView(sb))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
 }
@@ -123,7 +128,23 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, view(sb))
+	writeJSON(w, http.StatusOK, s.liveView(sb))
+}
+
+// liveView is view with the watchdog's newest sample of a sandbox that
+// has not ended (read from memory: no call to the sandbox).
+func (s *Server) liveView(sb *store.Sandbox) sandboxView {
+	v := view(sb)
+	if sb.State == store.StateEnded {
+		return v
+	}
+	if wd := s.mgr.Watchdog(); wd != nil {
+		if cur, ok := wd.Latest(sb.ID); ok {
+			c := sampleOut(cur)
+			v.Current = &c
+		}
+	}
+	return v
 }
 
 func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {

@@ -12,6 +12,7 @@ import (
 // Sandbox states.
 const (
 	StateRunning = "running"
+	StatePaused  = "paused"
 	StateEnded   = "ended"
 )
 
@@ -43,7 +44,7 @@ type Sandbox struct {
 	Team     string
 	Template string
 	Runtime  string
-	// State is StateRunning or StateEnded.
+	// State is StateRunning, StatePaused or StateEnded.
 	State     string
 	Tier      string
 	Resources Resources
@@ -78,8 +79,26 @@ type Sandbox struct {
 	// e2b-traffic-access-token header (TrafficTokenHeader).
 	PublicTraffic bool
 	TrafficToken  string
+	// Current is the server's newest resource sample of the sandbox
+	// (one a second), set by List and Get while the sandbox runs or is
+	// paused; nil before the first sample and once it ended.
+	Current *Sample
 
 	client *Client
+}
+
+// Sample is one resource sample of a sandbox, taken by the server's
+// watchdog from the sandbox's cgroup.
+type Sample struct {
+	Time time.Time `json:"time"`
+	// CPUPercent is the CPU used since the previous sample, in percent
+	// of one core.
+	CPUPercent  float64 `json:"cpu_percent"`
+	CPUSeconds  float64 `json:"cpu_seconds"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	DiskBytes   int64   `json:"disk_bytes"`
+	Pids        int64   `json:"pids"`
+	OOMKills    uint64  `json:"oom_kills"`
 }
 
 // MountedVolume is a volume mounted in a sandbox.
@@ -112,6 +131,7 @@ type sandboxWire struct {
 	Volumes        []MountedVolume   `json:"volumes"`
 	PublicTraffic  bool              `json:"public_traffic"`
 	TrafficToken   string            `json:"traffic_token,omitempty"`
+	Current        *Sample           `json:"current,omitempty"`
 }
 
 // TrafficTokenHeader is the header that carries a private sandbox's
@@ -130,7 +150,7 @@ func (s *Sandbox) MarshalJSON() ([]byte, error) {
 		Allow: orEmptyList(s.Allow), Secrets: orEmptyList(s.Secrets), Warnings: s.Warnings,
 		Metadata: md, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, EndedAt: s.EndedAt,
 		EndReason: s.EndReason, Task: s.Task, Snapshot: s.Snapshot, Volumes: orEmptyList(s.Volumes),
-		PublicTraffic: s.PublicTraffic, TrafficToken: s.TrafficToken,
+		PublicTraffic: s.PublicTraffic, TrafficToken: s.TrafficToken, Current: s.Current,
 	})
 }
 
@@ -148,7 +168,7 @@ func (s *Sandbox) UnmarshalJSON(b []byte) error {
 		Allow: w.Allow, Secrets: w.Secrets, Warnings: w.Warnings,
 		Metadata: w.Metadata, CreatedAt: w.CreatedAt, ExpiresAt: w.ExpiresAt, EndedAt: w.EndedAt,
 		EndReason: w.EndReason, Task: w.Task, Snapshot: w.Snapshot, Volumes: w.Volumes,
-		PublicTraffic: w.PublicTraffic, TrafficToken: w.TrafficToken, client: client,
+		PublicTraffic: w.PublicTraffic, TrafficToken: w.TrafficToken, Current: w.Current, client: client,
 	}
 	return nil
 }
@@ -292,6 +312,9 @@ type ListOptions struct {
 	State string
 	// Metadata keeps sandboxes whose metadata has all these pairs.
 	Metadata map[string]string
+	// Team lists another team's sandboxes, or every team's with "all"
+	// (admin keys only). Empty: the key's own team.
+	Team string
 }
 
 // List returns sandboxes, newest first (GET /v1/sandboxes).
@@ -302,6 +325,9 @@ func (c *Client) List(ctx context.Context, opts ListOptions) ([]*Sandbox, error)
 	}
 	for k, v := range opts.Metadata {
 		q.Add("metadata."+k, v)
+	}
+	if opts.Team != "" {
+		q.Set("team", opts.Team)
 	}
 	var out struct {
 		Sandboxes []*Sandbox `json:"sandboxes"`

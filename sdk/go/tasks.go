@@ -96,14 +96,31 @@ func (c *Client) GetTask(ctx context.Context, id string) (*Task, error) {
 // ListTasks lists tasks; state is open, tripped, ended, all or "" (open
 // and tripped).
 func (c *Client) ListTasks(ctx context.Context, state string) ([]Task, error) {
-	q := url.Values{}
-	if state != "" {
-		q.Set("state", state)
+	return c.Tasks(ctx, TaskQuery{State: state})
+}
+
+// TaskQuery filters Tasks.
+type TaskQuery struct {
+	// State is open, tripped, ended, all or "" (open and tripped).
+	State string
+	// Team lists another team's tasks, or every team's with "all"
+	// (admin keys only). Empty: the key's own team.
+	Team string
+}
+
+// Tasks lists the tasks q selects (GET /v1/tasks).
+func (c *Client) Tasks(ctx context.Context, q TaskQuery) ([]Task, error) {
+	v := url.Values{}
+	if q.State != "" {
+		v.Set("state", q.State)
+	}
+	if q.Team != "" {
+		v.Set("team", q.Team)
 	}
 	var out struct {
 		Tasks []Task `json:"tasks"`
 	}
-	if err := c.do(ctx, "GET", "/v1/tasks", q, nil, &out); err != nil {
+	if err := c.do(ctx, "GET", "/v1/tasks", v, nil, &out); err != nil {
 		return nil, err
 	}
 	return out.Tasks, nil
