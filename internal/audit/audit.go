@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/corralhq/corral/internal/actor"
@@ -37,6 +38,8 @@ type Log struct {
 
 	ch   chan item
 	done chan struct{}
+	// failures counts the batches the store refused after every retry.
+	failures atomic.Int64
 
 	closeOnce sync.Once
 	mu        sync.RWMutex // guards closed against Record
@@ -114,6 +117,14 @@ func (l *Log) record(by actor.Actor, sandbox, task, kind string, data any) {
 	l.ch <- item{ev: ev}
 }
 
+// Stats returns the events waiting to be written (the queue holds at
+// most QueueSize; Record blocks when it is full) and how many batches
+// the store refused after every retry since the log started (their
+// events are lost; the log says so).
+func (l *Log) Stats() (queued int, writeFailures int64) {
+	return len(l.ch), l.failures.Load()
+}
+
 // Sync returns once every event recorded before it was called is stored.
 func (l *Log) Sync() {
 	l.mu.RLock()
@@ -162,6 +173,7 @@ func (l *Log) run() {
 			}
 			if err != nil {
 				l.log.Error("audit log write failed", "events", len(batch), "err", err)
+				l.failures.Add(1)
 			}
 			batch = batch[:0]
 		}

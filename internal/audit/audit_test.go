@@ -57,3 +57,27 @@ func TestRecordRedactsAndKeepsOrder(t *testing.T) {
 		t.Fatalf("event queued before Close not stored: %v", evs)
 	}
 }
+
+// TestStatsCountWriteFailures: a batch the store refuses after every
+// retry is counted (the corral_audit_write_failures_total metric), so a
+// broken store shows on the dashboard and not only in the log; a batch
+// that is written is not.
+func TestStatsCountWriteFailures(t *testing.T) {
+	st, err := store.Open(filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(st, nil, nil)
+	defer l.Close()
+	l.Record("sb1", "sandbox.created", map[string]any{})
+	l.Sync()
+	if q, f := l.Stats(); q != 0 || f != 0 {
+		t.Fatalf("after a written event: queued %d, failures %d; want 0, 0", q, f)
+	}
+	st.Close() // every later write fails
+	l.Record("sb1", "sandbox.ended", map[string]any{})
+	l.Sync()
+	if _, f := l.Stats(); f != 1 {
+		t.Fatalf("after a refused batch: failures %d, want 1", f)
+	}
+}

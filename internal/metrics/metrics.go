@@ -1,7 +1,8 @@
 // Package metrics exposes corral's operational metrics in the Prometheus
 // text format (docs/configuration.md, "Metrics"): counters of audit events
-// by kind and outcome, the time sandboxes take to start, gauges read when
-// scraped (sandboxes by state, warm pools, admission) and the usage
+// by kind and outcome, the time sandboxes take to start and commands take
+// to run, gauges read when scraped (sandboxes by state, warm pools,
+// admission, the audit log's queue and write failures) and the usage
 // meter's counters by team, read when scraped, beside the Go
 // runtime's and the process's own metrics.
 //
@@ -75,6 +76,9 @@ type Config struct {
 	// Usage returns every team's metered usage so far (the usage meter's
 	// totals), exported as the corral_usage_*_total counters.
 	Usage func(ctx context.Context) (map[string]TeamUsage, error)
+	// Audit returns the audit log's queued events and the batches the
+	// store refused (audit.Log.Stats).
+	Audit func() (queued int, writeFailures int64)
 }
 
 // TeamUsage is one team's metered usage so far.
@@ -88,6 +92,9 @@ type Metrics struct {
 	reg    *prometheus.Registry
 	events *prometheus.CounterVec
 	create *prometheus.HistogramVec
+	// command is the duration of commands and code runs, from their
+	// audit events.
+	command *prometheus.HistogramVec
 	// summarised counts the egress refusals that were only counted in an
 	// egress.summary event, by mode, so that a refusal-rate alert sees a
 	// flood whose events were summarised.
@@ -111,13 +118,18 @@ func New(cfg Config) *Metrics {
 			Help:    "Time from admission to a started sandbox, by source (template, snapshot, pool).",
 			Buckets: []float64{.005, .01, .025, .05, .1, .15, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"source"}),
+		command: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "corral_command_seconds",
+			Help:    "Time from start to end of a command (kind command: exec, the agent API's process.Start, the CLI) or a code run (kind code.run), from its audit event.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+		}, []string{"kind"}),
 		summarised: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "corral_egress_refusals_summarised_total",
 			Help: "Egress refusals counted in egress.summary events instead of recorded one by one, by mode (explicit, transparent, raw, dns).",
 		}, []string{"mode"}),
 		series: map[[2]string]bool{},
 	}
-	m.reg.MustRegister(m.events, m.create, m.summarised, &gauges{cfg: cfg},
+	m.reg.MustRegister(m.events, m.create, m.command, m.summarised, &gauges{cfg: cfg},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -151,6 +163,14 @@ func (m *Metrics) Event(ev *store.Event) {
 		}
 		if ev.Kind == "sandbox.created" && data.CreateMS != nil && outcome != "" {
 			m.create.WithLabelValues(outcome).Observe(*data.CreateMS / 1000)
+		}
+	}
+	if ev.Kind == "command" || ev.Kind == "code.run" {
+		var d struct {
+			DurationMS *float64 `json:"duration_ms"`
+		}
+		if json.Unmarshal(ev.Data, &d) == nil && d.DurationMS != nil && *d.DurationMS >= 0 {
+			m.command.WithLabelValues(ev.Kind).Observe(*d.DurationMS / 1000)
 		}
 	}
 	m.events.WithLabelValues(m.bound(ev.Kind, outcome)).Inc()
@@ -222,12 +242,14 @@ var (
 	usageSbDesc   = prometheus.NewDesc("corral_usage_sandbox_seconds_total", "Seconds the team's sandboxes existed, created to ended (the usage meter).", []string{"team"}, nil)
 	usageEgDesc   = prometheus.NewDesc("corral_usage_egress_bytes_total", "Bytes the egress proxy carried for the team's sandboxes, both ways (the usage meter).", []string{"team"}, nil)
 	usageCmdDesc  = prometheus.NewDesc("corral_usage_commands_total", "Commands started in the team's sandboxes (the usage meter).", []string{"team"}, nil)
+	auditQDesc    = prometheus.NewDesc("corral_audit_queue_events", "Audit events recorded and waiting to be written to the store.", nil, nil)
+	auditFailDesc = prometheus.NewDesc("corral_audit_write_failures_total", "Batches of audit events the store refused after every retry (their events are lost).", nil, nil)
 	scrapeErrDesc = prometheus.NewDesc("corral_scrape_error", "1 when a gauge could not be read in this scrape.", []string{"gauge"}, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{sandboxesDesc, poolIdleDesc, poolTgtDesc, poolHitsDesc, poolMissDesc, poolRefDesc, poolRefAvg, admRunDesc, admWaitDesc, teamRunDesc, volCountDesc, volUsedDesc, volSizeDesc,
-		usageCPUDesc, usageMemDesc, usageSbDesc, usageEgDesc, usageCmdDesc, scrapeErrDesc} {
+		usageCPUDesc, usageMemDesc, usageSbDesc, usageEgDesc, usageCmdDesc, auditQDesc, auditFailDesc, scrapeErrDesc} {
 		ch <- d
 	}
 }
@@ -280,6 +302,11 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(usageEgDesc, prometheus.CounterValue, float64(u.EgressBytes), team)
 			ch <- prometheus.MustNewConstMetric(usageCmdDesc, prometheus.CounterValue, float64(u.Commands), team)
 		}
+	}
+	if f := g.cfg.Audit; f != nil {
+		queued, failures := f()
+		ch <- prometheus.MustNewConstMetric(auditQDesc, prometheus.GaugeValue, float64(queued))
+		ch <- prometheus.MustNewConstMetric(auditFailDesc, prometheus.CounterValue, float64(failures))
 	}
 	if f := g.cfg.Admission; f != nil {
 		running, waiting := f()

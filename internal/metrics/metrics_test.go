@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/corralhq/corral/internal/store"
 )
@@ -214,5 +215,51 @@ func TestSummarisedRefusalsCounted(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.events.WithLabelValues("egress.summary", "")); got != 3 {
 		t.Errorf("events{egress.summary} = %v, want 3", got)
+	}
+}
+
+// TestCommandHistogram: a command's and a code run's duration (from
+// their audit events) are observed by kind; an event without a duration
+// counts as an event only.
+func TestCommandHistogram(t *testing.T) {
+	m := New(Config{})
+	m.Event(ev("command", `{"command":"true","duration_ms":40}`))
+	m.Event(ev("command", `{"command":"sleep 2","duration_ms":2000}`))
+	m.Event(ev("code.run", `{"code":"1","duration_ms":300}`))
+	m.Event(ev("command", `{"command":"x"}`))
+	tests := []struct {
+		kind  string
+		count uint64
+		sum   float64
+	}{{"command", 2, 2.04}, {"code.run", 1, 0.3}}
+	for _, tc := range tests {
+		h := m.command.WithLabelValues(tc.kind).(interface{ Write(*dto.Metric) error })
+		var d dto.Metric
+		if err := h.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		if got := d.Histogram.GetSampleCount(); got != tc.count || fmt.Sprintf("%.3f", d.Histogram.GetSampleSum()) != fmt.Sprintf("%.3f", tc.sum) {
+			t.Errorf("corral_command_seconds{kind=%q}: count %d sum %v, want %d %v", tc.kind, got, d.Histogram.GetSampleSum(), tc.count, tc.sum)
+		}
+	}
+	if got := testutil.ToFloat64(m.events.WithLabelValues("command", "")); got != 3 {
+		t.Errorf("command events = %v, want 3", got)
+	}
+}
+
+// TestAuditGauges: the audit log's queue and write failures are exported
+// as read at scrape.
+func TestAuditGauges(t *testing.T) {
+	m := New(Config{Audit: func() (int, int64) { return 17, 2 }})
+	want := `
+# HELP corral_audit_queue_events Audit events recorded and waiting to be written to the store.
+# TYPE corral_audit_queue_events gauge
+corral_audit_queue_events 17
+# HELP corral_audit_write_failures_total Batches of audit events the store refused after every retry (their events are lost).
+# TYPE corral_audit_write_failures_total counter
+corral_audit_write_failures_total 2
+`
+	if err := testutil.GatherAndCompare(m.reg, strings.NewReader(want), "corral_audit_queue_events", "corral_audit_write_failures_total"); err != nil {
+		t.Fatal(err)
 	}
 }

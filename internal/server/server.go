@@ -453,6 +453,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			return out
 		},
 		Admission: func() (int, int) { s := adm.Stats(); return s.Running, s.Waiting },
+		Audit:     al.Stats,
 		Teams: func() map[string]int {
 			out := map[string]int{}
 			for team, ts := range adm.Stats().Teams {
