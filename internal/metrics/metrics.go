@@ -244,7 +244,7 @@ var (
 	usageCmdDesc  = prometheus.NewDesc("corral_usage_commands_total", "Commands started in the team's sandboxes (the usage meter).", []string{"team"}, nil)
 	auditQDesc    = prometheus.NewDesc("corral_audit_queue_events", "Audit events recorded and waiting to be written to the store.", nil, nil)
 	auditFailDesc = prometheus.NewDesc("corral_audit_write_failures_total", "Batches of audit events the store refused after every retry (their events are lost).", nil, nil)
-	scrapeErrDesc = prometheus.NewDesc("corral_scrape_error", "1 when a gauge could not be read in this scrape.", []string{"gauge"}, nil)
+	scrapeErrDesc = prometheus.NewDesc("corral_scrape_error", "1 when a gauge (sandboxes, volumes, usage: read from the store) could not be read in this scrape, else 0.", []string{"gauge"}, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
@@ -254,14 +254,23 @@ func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// scrapeError is corral_scrape_error of one gauge source: 1 when err
+// is set, else 0 (present either way, so that an alert on it needs no
+// absent()).
+func scrapeError(gauge string, err error) prometheus.Metric {
+	v := 0.0
+	if err != nil {
+		v = 1
+	}
+	return prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, v, gauge)
+}
+
 func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	if f := g.cfg.Sandboxes; f != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		counts, err := f(ctx)
 		cancel()
-		if err != nil {
-			ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1, "sandboxes")
-		}
+		ch <- scrapeError("sandboxes", err)
 		for _, state := range []string{"running", "paused"} { // always present, 0 included
 			ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(counts[state]), state)
 		}
@@ -280,9 +289,8 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		n, used, size, err := f(ctx)
 		cancel()
-		if err != nil {
-			ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1, "volumes")
-		} else {
+		ch <- scrapeError("volumes", err)
+		if err == nil {
 			ch <- prometheus.MustNewConstMetric(volCountDesc, prometheus.GaugeValue, float64(n))
 			ch <- prometheus.MustNewConstMetric(volUsedDesc, prometheus.GaugeValue, float64(used))
 			ch <- prometheus.MustNewConstMetric(volSizeDesc, prometheus.GaugeValue, float64(size))
@@ -292,9 +300,7 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		teams, err := f(ctx)
 		cancel()
-		if err != nil {
-			ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1, "usage")
-		}
+		ch <- scrapeError("usage", err)
 		for team, u := range teams {
 			ch <- prometheus.MustNewConstMetric(usageCPUDesc, prometheus.CounterValue, u.CPUSeconds, team)
 			ch <- prometheus.MustNewConstMetric(usageMemDesc, prometheus.CounterValue, u.MemoryGiBSeconds, team)

@@ -147,7 +147,8 @@ func TestGaugesAndHandler(t *testing.T) {
 			`corral_pool_idle{team="team-b",template="base"} 1`,
 			`corral_admission_running 4`, `corral_admission_waiting 2`, `go_goroutines `, `process_open_fds `,
 			`corral_team_sandboxes{team="default"} 1`, `corral_team_sandboxes{team="team-a"} 3`,
-		}, []string{"corral_scrape_error"}},
+			`corral_scrape_error{gauge="sandboxes"} 0`, `corral_scrape_error{gauge="volumes"} 0`,
+		}, []string{"corral_scrape_error{gauge=\"sandboxes\"} 1", "corral_scrape_error{gauge=\"volumes\"} 1", "corral_scrape_error{gauge=\"usage\"}"}},
 		{"store error", Config{
 			Sandboxes: func(context.Context) (map[string]int, error) { return nil, errors.New("disk on fire") },
 			Volumes:   func(context.Context) (int, int64, int64, error) { return 0, 0, 0, errors.New("no store") },
@@ -158,7 +159,8 @@ func TestGaugesAndHandler(t *testing.T) {
 			},
 		}, []string{`corral_usage_cpu_seconds_total{team="red"} 2.5`, `corral_usage_memory_gib_seconds_total{team="red"} 0.75`,
 			`corral_usage_sandbox_seconds_total{team="red"} 60`, `corral_usage_egress_bytes_total{team="red"} 1234`,
-			`corral_usage_commands_total{team="red"} 7`, `corral_usage_commands_total{team="blue"} 1`, "# TYPE corral_usage_cpu_seconds_total counter"}, []string{"corral_scrape_error"}},
+			`corral_usage_commands_total{team="red"} 7`, `corral_usage_commands_total{team="blue"} 1`, "# TYPE corral_usage_cpu_seconds_total counter",
+			`corral_scrape_error{gauge="usage"} 0`}, []string{"corral_scrape_error{gauge=\"usage\"} 1", "corral_scrape_error{gauge=\"sandboxes\"}"}},
 		{"usage error", Config{
 			Usage: func(context.Context) (map[string]TeamUsage, error) { return nil, errors.New("store closed") },
 		}, []string{`corral_scrape_error{gauge="usage"} 1`}, []string{"corral_usage_cpu_seconds_total{"}},
