@@ -183,15 +183,26 @@ func renderTop(v *topView, l topLayout) (lines []string, headerLine int) {
 			widths[i] = max(widths[i], uniseg.StringWidth(s))
 		}
 	}
-	// The last column (metadata) gives way first on a narrow screen.
+	// On a narrow screen the columns give way in this order, each down
+	// to its minimum; what is still too wide is cut at the end of the
+	// line.
 	if l.Width > 0 {
-		total := 0
+		total := -2
 		for _, w := range widths {
 			total += w + 2
 		}
-		last := len(widths) - 1
-		if over := total - 2 - l.Width; over > 0 {
-			widths[last] = max(widths[last]-over, uniseg.StringWidth(cols[last].name))
+		for _, give := range []struct {
+			name string
+			min  int
+		}{{"METADATA", 8}, {"TASK", 10}, {"TEMPLATE", 8}, {"AGENT", 8}, {"TEAM", 8}} {
+			for i, c := range cols {
+				if c.name != give.name || total <= l.Width {
+					continue
+				}
+				cut := min(total-l.Width, max(widths[i]-give.min, 0))
+				widths[i] -= cut
+				total -= cut
+			}
 		}
 	}
 	row := func(vals []string) string {
