@@ -279,8 +279,16 @@ func runTopTTY(ctx context.Context, src *topSource, v topView, inFd, outFd int) 
 	results := make(chan result, 1)
 	fetch := func() {
 		nv := topView{}
-		ferr := src.refresh(ctx, &nv)
-		results <- result{nv, ferr}
+		var ferr error
+		defer func() {
+			// A panic here would end the process without the deferred
+			// restore of the terminal: report it as an error instead.
+			if p := recover(); p != nil {
+				ferr = fmt.Errorf("refresh: %v", p)
+			}
+			results <- result{nv, ferr}
+		}()
+		ferr = src.refresh(ctx, &nv)
 	}
 	go fetch()
 	ticker := time.NewTicker(v.Interval)
