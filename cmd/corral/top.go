@@ -31,6 +31,9 @@ const (
 	// the audit log per incident kind.
 	topAuditPage  = 1000
 	topAuditPages = 5
+	// topBisect bounds the requests that find where the latest page of
+	// a full window starts (an hour to within a second).
+	topBisect = 12
 	// topMaxFilter bounds the filter typed on the screen.
 	topMaxFilter = 128
 )
@@ -112,6 +115,9 @@ type topSource struct {
 	team   string
 	window time.Duration
 
+	// audit reads the audit log (the client's Audit; a test's fake).
+	audit func(context.Context, corral.AuditQuery) ([]corral.Event, error)
+
 	cursors   map[string]int64 // per incident kind: the last event id read
 	incidents []topIncident    // oldest first, at most topMaxIncidents
 }
@@ -165,21 +171,25 @@ func topRows(list []*corral.Sandbox, agents map[string]string, now time.Time) []
 }
 
 // readIncidents follows the audit log, one cursor per incident kind: the
-// first call reads from now minus the window, later ones what came after.
+// first read of a kind starts at the latest page of its window (the
+// latest incidents matter, also when a flood filled the window), later
+// ones read what came after, at most topAuditPages pages a refresh.
 func (s *topSource) readIncidents(ctx context.Context, now time.Time) error {
 	if s.cursors == nil {
 		s.cursors = map[string]int64{}
 	}
-	since := now.Add(-s.window)
+	if s.audit == nil {
+		s.audit = s.c.Audit
+	}
 	for _, kind := range topIncidentKinds {
 		for page := 0; page < topAuditPages; page++ {
-			q := corral.AuditQuery{Team: s.team, Kind: kind, Limit: topAuditPage}
+			var evs []corral.Event
+			var err error
 			if after, ok := s.cursors[kind]; ok {
-				q.After = after
+				evs, err = s.audit(ctx, corral.AuditQuery{Team: s.team, Kind: kind, Limit: topAuditPage, After: after})
 			} else {
-				q.Since = since
+				evs, err = s.latestPage(ctx, kind, now)
 			}
-			evs, err := s.c.Audit(ctx, q)
 			if err != nil {
 				return err
 			}
@@ -204,6 +214,39 @@ func (s *topSource) readIncidents(ctx context.Context, now time.Time) error {
 		s.incidents = slices.Delete(s.incidents, 0, n-topMaxIncidents)
 	}
 	return nil
+}
+
+// latestPage returns the events of kind from the latest start within
+// the window from which they fit one page (the audit API lists oldest
+// first): the whole window when it fits, else a start found by halving
+// the time range, at most topBisect times.
+func (s *topSource) latestPage(ctx context.Context, kind string, now time.Time) ([]corral.Event, error) {
+	since := now.Add(-s.window)
+	q := corral.AuditQuery{Team: s.team, Kind: kind, Limit: topAuditPage, Since: since}
+	evs, err := s.audit(ctx, q)
+	if err != nil || len(evs) < topAuditPage {
+		return evs, err
+	}
+	lo, hi := since, now // a page from lo is full; from hi (now) it is not
+	var best []corral.Event
+	for i := 0; i < topBisect && hi.Sub(lo) > time.Second; i++ {
+		mid := lo.Add(hi.Sub(lo) / 2)
+		q.Since = mid
+		page, err := s.audit(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		if len(page) == topAuditPage {
+			lo = mid
+		} else {
+			hi, best = mid, page
+		}
+	}
+	if best == nil {
+		q.Since = hi
+		return s.audit(ctx, q)
+	}
+	return best, nil
 }
 
 // incidentOf returns the incident an audit event is, if it is one:

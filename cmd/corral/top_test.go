@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -330,5 +331,68 @@ func TestTopKey(t *testing.T) {
 	}
 	if !topKey(&topView{}, []byte{0x03}) {
 		t.Error("Ctrl-C does not quit")
+	}
+}
+
+// fakeAuditLog is an in-memory audit log answering like GET /v1/audit
+// (oldest first; kind family, since, after, limit), for the incident
+// reader's unit test; TestCLITop reads the real one.
+type fakeAuditLog struct {
+	events []corral.Event
+	calls  int
+}
+
+func (f *fakeAuditLog) audit(_ context.Context, q corral.AuditQuery) ([]corral.Event, error) {
+	f.calls++
+	var out []corral.Event
+	for _, e := range f.events {
+		if (e.Kind != q.Kind && !strings.HasPrefix(e.Kind, q.Kind+".")) || e.ID <= q.After || e.Time.Before(q.Since) {
+			continue
+		}
+		if out = append(out, e); len(out) == q.Limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeAuditLog) add(n int, from time.Time, step time.Duration) {
+	for i := range n {
+		id := int64(len(f.events) + 1)
+		f.events = append(f.events, corral.Event{ID: id, Time: from.Add(time.Duration(i) * step), Kind: "egress.dns", Sandbox: "sb",
+			Data: json.RawMessage(fmt.Sprintf(`{"host":"h%d.test","verdict":"refused","reason":"flood"}`, id))})
+	}
+}
+
+// TestTopIncidentsAfterAFlood: when refused egress filled the window
+// with more events than a refresh reads, the first refresh still shows
+// the latest incidents (not the oldest of the window), with a bounded
+// number of requests, and later refreshes follow the log from there.
+func TestTopIncidentsAfterAFlood(t *testing.T) {
+	now := time.Now()
+	log := &fakeAuditLog{}
+	log.add(20000, now.Add(-time.Hour), 180*time.Millisecond)
+	s := &topSource{window: time.Hour, audit: log.audit}
+	if err := s.readIncidents(context.Background(), now); err != nil {
+		t.Fatal(err)
+	}
+	last := s.incidents[len(s.incidents)-1]
+	if len(s.incidents) != topMaxIncidents || last.ID != 20000 {
+		t.Fatalf("first refresh: %d incidents, the latest %d; want %d ending with event 20000", len(s.incidents), last.ID, topMaxIncidents)
+	}
+	if log.calls > 2+topBisect+len(topIncidentKinds) {
+		t.Errorf("first refresh made %d requests", log.calls)
+	}
+	log.add(1500, now, time.Millisecond)
+	if err := s.readIncidents(context.Background(), now.Add(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if last := s.incidents[len(s.incidents)-1]; last.ID != 21500 || len(s.incidents) != topMaxIncidents {
+		t.Fatalf("second refresh: latest incident %d, %d kept; want 21500, %d", last.ID, len(s.incidents), topMaxIncidents)
+	}
+	for i := 1; i < len(s.incidents); i++ {
+		if s.incidents[i].ID != s.incidents[i-1].ID+1 {
+			t.Fatalf("incidents not the consecutive latest: %d after %d", s.incidents[i].ID, s.incidents[i-1].ID)
+		}
 	}
 }
