@@ -45,7 +45,7 @@ var topIncidentKinds = []string{"task.breaker_open", "watchdog.cpu_runaway", "wa
 // newTopCmd is `corral top`: the live sandbox list for an operator's
 // terminal.
 func newTopCmd(g *clientGlobals) *cobra.Command {
-	var interval, window time.Duration
+	var intervalArg, windowArg string
 	var once bool
 	var sortKey, filter, team string
 	var width int
@@ -61,23 +61,25 @@ hour (breaker trips, cpu_runaway, oom kills, refused egress).
 Keys: c, m, a sort by CPU, memory or age; / types a filter (Enter applies,
 Esc cancels), Esc clears it; q or Ctrl-C quits.
 
-With --once, or when stdout is not a terminal, it prints one plain snapshot
+With --once, or when stdin or stdout is not a terminal, it prints one plain snapshot
 and exits (for scripts and logs). Everything the sandboxes control (their
 metadata, agent names, the hosts they tried) is printed without control
 characters or escape sequences.`,
 		Example: `  corral top
-  corral top --sort mem --filter agent=crawler
+  corral top --sort mem --filter owner=alice
   corral top --once --team all`,
 		Args: argsRange(0, 0, "no arguments"),
 		RunE: g.call(func(ctx context.Context, c *corral.Client, cmd *cobra.Command, args []string) error {
 			if !slices.Contains(topSorts, sortKey) {
 				return usageError(cmd, "invalid --sort %q: use cpu, mem or age", sortKey)
 			}
-			if interval < topMinInterval {
-				return usageError(cmd, "--interval: at least %s", topMinInterval)
+			interval, err := parseDurationArg(intervalArg)
+			if err != nil || interval < topMinInterval {
+				return usageError(cmd, "--interval %q: give at least %s (e.g. 1s, 2, 500ms)", intervalArg, topMinInterval)
 			}
-			if window <= 0 {
-				return usageError(cmd, "--incidents: must be positive")
+			window, err := parseDurationArg(windowArg)
+			if err != nil || window <= 0 {
+				return usageError(cmd, "--incidents %q: give a positive duration (e.g. 1h, 30m)", windowArg)
 			}
 			if width < 0 {
 				return usageError(cmd, "--width: must not be negative")
@@ -98,12 +100,12 @@ characters or escape sequences.`,
 		}),
 	}
 	f := cmd.Flags()
-	f.DurationVar(&interval, "interval", time.Second, "refresh interval (at least 250ms)")
+	f.StringVar(&intervalArg, "interval", "1s", "refresh interval (at least 250ms; a plain number is seconds)")
 	f.BoolVar(&once, "once", false, "print one plain snapshot and exit (the default when stdout is not a terminal)")
 	f.StringVar(&sortKey, "sort", "cpu", "sort by cpu, mem (highest first) or age (oldest first)")
 	f.StringVar(&filter, "filter", "", "show the sandboxes one of whose fields (id, state, template, task, agent, key=value of metadata, ...) contains TEXT")
 	f.StringVar(&team, "team", "", "another team, or all (admin keys only; default: the key's team)")
-	f.DurationVar(&window, "incidents", time.Hour, "how far back the incident list starts")
+	f.StringVar(&windowArg, "incidents", "1h", "how far back the incident list starts")
 	f.IntVar(&width, "width", 0, "with --once: cut lines to this many columns (0: no cut; cells are bounded anyway)")
 	return cmd
 }
