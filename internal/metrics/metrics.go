@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/corralhq/corral/internal/egress"
+	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/store"
 )
 
@@ -95,6 +96,9 @@ type Metrics struct {
 	// command is the duration of commands and code runs, from their
 	// audit events.
 	command *prometheus.HistogramVec
+	// phases is the time of each phase of a cold create (from a template
+	// or a snapshot, not from a warm pool), by phase.
+	phases *prometheus.HistogramVec
 	// summarised counts the egress refusals that were only counted in an
 	// egress.summary event, by mode, so that a refusal-rate alert sees a
 	// flood whose events were summarised.
@@ -123,13 +127,18 @@ func New(cfg Config) *Metrics {
 			Help:    "Time from start to end of a command (kind command: exec, the agent API's process.Start, the CLI) or a code run (kind code.run), from its audit event.",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
 		}, []string{"kind"}),
+		phases: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "corral_create_phase_seconds",
+			Help:    "Time of each phase of a cold sandbox create (from a template or a snapshot), by phase (docs/performance.md).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5},
+		}, []string{"phase"}),
 		summarised: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "corral_egress_refusals_summarised_total",
 			Help: "Egress refusals counted in egress.summary events instead of recorded one by one, by mode (explicit, transparent, raw, dns).",
 		}, []string{"mode"}),
 		series: map[[2]string]bool{},
 	}
-	m.reg.MustRegister(m.events, m.create, m.command, m.summarised, &gauges{cfg: cfg},
+	m.reg.MustRegister(m.events, m.create, m.command, m.phases, m.summarised, &gauges{cfg: cfg},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -144,11 +153,12 @@ func (m *Metrics) Handler() http.Handler {
 func (m *Metrics) Event(ev *store.Event) {
 	outcome := ""
 	var data struct {
-		Verdict  string   `json:"verdict"`
-		Source   string   `json:"source"`
-		Reason   string   `json:"reason"`
-		Code     string   `json:"code"`
-		CreateMS *float64 `json:"create_ms"`
+		Verdict  string             `json:"verdict"`
+		Source   string             `json:"source"`
+		Reason   string             `json:"reason"`
+		Code     string             `json:"code"`
+		CreateMS *float64           `json:"create_ms"`
+		PhasesMS map[string]float64 `json:"phases_ms"`
 	}
 	if field, ok := outcomeField[ev.Kind]; ok && json.Unmarshal(ev.Data, &data) == nil {
 		switch field {
@@ -164,6 +174,9 @@ func (m *Metrics) Event(ev *store.Event) {
 		if ev.Kind == "sandbox.created" && data.CreateMS != nil && outcome != "" {
 			m.create.WithLabelValues(outcome).Observe(*data.CreateMS / 1000)
 		}
+		if ev.Kind == "sandbox.created" && outcome != "pool" {
+			m.observePhases(data.PhasesMS)
+		}
 	}
 	if ev.Kind == "command" || ev.Kind == "code.run" {
 		var d struct {
@@ -176,6 +189,17 @@ func (m *Metrics) Event(ev *store.Event) {
 	m.events.WithLabelValues(m.bound(ev.Kind, outcome)).Inc()
 	if ev.Kind == "egress.summary" {
 		m.countSummarised(ev)
+	}
+}
+
+// observePhases records the phases of one cold create. Only the phases
+// runtime.PhaseNames lists are counted, so the label's values are a fixed
+// set whatever an event holds.
+func (m *Metrics) observePhases(ms map[string]float64) {
+	for _, name := range runtime.PhaseNames {
+		if v, ok := ms[name]; ok && v >= 0 {
+			m.phases.WithLabelValues(name).Observe(v / 1000)
+		}
 	}
 }
 

@@ -265,3 +265,53 @@ corral_audit_write_failures_total 2
 		t.Fatal(err)
 	}
 }
+
+// TestCreatePhaseHistogram: the phases of a cold create are observed per
+// phase; a pool hit's are not, and a phase name outside the fixed set
+// (an event is data) never becomes a label value.
+func TestCreatePhaseHistogram(t *testing.T) {
+	m := New(Config{})
+	m.Event(ev("sandbox.created", `{"source":"template","create_ms":80,"phases_ms":{"mounts":2,"agent":30,"bogus":1}}`))
+	m.Event(ev("sandbox.created", `{"source":"snapshot","create_ms":90,"phases_ms":{"agent":40}}`))
+	m.Event(ev("sandbox.created", `{"source":"pool","create_ms":5,"phases_ms":{"agent":7}}`))
+	if n := testutil.CollectAndCount(m.phases); n != 2 {
+		t.Fatalf("phase series = %d, want 2 (mounts, agent)", n)
+	}
+	want := `
+# HELP corral_create_phase_seconds Time of each phase of a cold sandbox create (from a template or a snapshot), by phase (docs/performance.md).
+# TYPE corral_create_phase_seconds histogram
+corral_create_phase_seconds_bucket{phase="agent",le="0.0005"} 0
+corral_create_phase_seconds_bucket{phase="agent",le="0.001"} 0
+corral_create_phase_seconds_bucket{phase="agent",le="0.0025"} 0
+corral_create_phase_seconds_bucket{phase="agent",le="0.005"} 0
+corral_create_phase_seconds_bucket{phase="agent",le="0.01"} 0
+corral_create_phase_seconds_bucket{phase="agent",le="0.025"} 0
+corral_create_phase_seconds_bucket{phase="agent",le="0.05"} 2
+corral_create_phase_seconds_bucket{phase="agent",le="0.1"} 2
+corral_create_phase_seconds_bucket{phase="agent",le="0.25"} 2
+corral_create_phase_seconds_bucket{phase="agent",le="0.5"} 2
+corral_create_phase_seconds_bucket{phase="agent",le="1"} 2
+corral_create_phase_seconds_bucket{phase="agent",le="5"} 2
+corral_create_phase_seconds_bucket{phase="agent",le="+Inf"} 2
+corral_create_phase_seconds_sum{phase="agent"} 0.07
+corral_create_phase_seconds_count{phase="agent"} 2
+corral_create_phase_seconds_bucket{phase="mounts",le="0.0005"} 0
+corral_create_phase_seconds_bucket{phase="mounts",le="0.001"} 0
+corral_create_phase_seconds_bucket{phase="mounts",le="0.0025"} 1
+corral_create_phase_seconds_bucket{phase="mounts",le="0.005"} 1
+corral_create_phase_seconds_bucket{phase="mounts",le="0.01"} 1
+corral_create_phase_seconds_bucket{phase="mounts",le="0.025"} 1
+corral_create_phase_seconds_bucket{phase="mounts",le="0.05"} 1
+corral_create_phase_seconds_bucket{phase="mounts",le="0.1"} 1
+corral_create_phase_seconds_bucket{phase="mounts",le="0.25"} 1
+corral_create_phase_seconds_bucket{phase="mounts",le="0.5"} 1
+corral_create_phase_seconds_bucket{phase="mounts",le="1"} 1
+corral_create_phase_seconds_bucket{phase="mounts",le="5"} 1
+corral_create_phase_seconds_bucket{phase="mounts",le="+Inf"} 1
+corral_create_phase_seconds_sum{phase="mounts"} 0.002
+corral_create_phase_seconds_count{phase="mounts"} 1
+`
+	if err := testutil.CollectAndCompare(m.phases, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}

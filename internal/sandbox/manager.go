@@ -490,6 +490,8 @@ func refusedContent(rec *store.Sandbox, err error) error {
 // Create validates req, starts the sandbox and records it.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error) {
 	defer m.holdVolumes(req.Volumes)()
+	ph := runtime.NewPhases()
+	t := time.Now()
 	rec, rc, plan, err := m.validate(ctx, &req)
 	if err != nil {
 		return nil, err
@@ -511,7 +513,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		}
 		return nil, err
 	}
-	started := time.Now() // admitted: what follows is the start itself
+	started := ph.Mark(runtime.PhaseAdmission, t) // admitted: what follows is the start itself
+	t = started
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()
@@ -533,6 +536,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		release()
 		return nil, err
 	}
+	t = ph.Mark(runtime.PhaseStore, t)
 	fail := func(err error) (*store.Sandbox, error) {
 		err = refusedContent(rec, err)
 		m.teardownNetwork(rec.ID)
@@ -547,16 +551,19 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		if err := m.prepareNetwork(rec, &rc, plan.policy, plan.secrets); err != nil {
 			return fail(err)
 		}
-		h, err := m.driver.Start(ctx, rc)
+		t = ph.Mark(runtime.PhaseNetwork, t)
+		h, err := m.driver.Start(runtime.WithPhases(ctx, ph), rc)
 		if err != nil {
 			return fail(err)
 		}
+		t = time.Now() // the driver recorded its phases
 		pid = h.Pid
 	}
 	if err := m.activateNetwork(rec.ID, plan.policy, plan.secrets); err != nil {
 		_ = m.driver.Stop(context.WithoutCancel(ctx), rec.ID, 0)
 		return fail(err)
 	}
+	t = ph.Mark(runtime.PhaseNetwork, t)
 	m.mu.Lock()
 	if m.closing {
 		// Shutdown began while it started; its sweep could not end a
@@ -570,6 +577,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	ls.lastActive = time.Now()
 	ls.timer = time.AfterFunc(time.Until(rec.ExpiresAt), func() { m.expire(rec.ID) })
 	m.mu.Unlock()
+	ph.Mark(runtime.PhaseFinish, t)
 	m.log.Info("sandbox created", "id", rec.ID, "template", rec.Template, "runtime", rec.Runtime, "network", rec.Network, "task", rec.TaskID, "pooled", pd != nil)
 	source := "template"
 	switch {
@@ -581,6 +589,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	m.auditBy(ctx, rec.ID, "sandbox.created", map[string]any{
 		"agent": req.Agent, "from_pool": pd != nil, "source": source,
 		"create_ms": float64(time.Since(started).Microseconds()) / 1000,
+		"phases_ms": ph.Milliseconds(),
 		"template":  rec.Template, "runtime": rec.Runtime, "tier": rec.Tier, "resources": rec.Resources,
 		"network": rec.Network, "allow": rec.Egress.Allow, "secrets": rec.Egress.Secrets, "metadata": rec.Metadata,
 	})

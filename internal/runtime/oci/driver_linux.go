@@ -176,10 +176,13 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	if err := os.WriteFile(filepath.Join(dir, "runtime"), []byte(cfg.Runtime), 0o600); err != nil {
 		return nil, err
 	}
+	ph := runtime.PhasesFrom(ctx)
+	t := time.Now()
 	rootfs, runDir, err := d.prepareFS(dir, cfg)
 	if err != nil {
 		return nil, err
 	}
+	t = ph.Mark(runtime.PhaseMounts, t)
 	in := specInput{
 		cfg: cfg, rootfs: rootfs, runDir: runDir, agentBin: d.opts.AgentBinary,
 		uidBase: d.opts.UIDBase, idRange: idrange.Count, cgroupDir: d.cgroupPath(cfg.ID),
@@ -193,7 +196,7 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	if err != nil {
 		return nil, err
 	}
-	data, err := json.MarshalIndent(spec, "", "  ")
+	data, err := json.Marshal(spec)
 	if err != nil {
 		return nil, err
 	}
@@ -204,6 +207,7 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	if err != nil {
 		return nil, err
 	}
+	t = ph.Mark(runtime.PhaseSpec, t)
 	rc := d.binary(cfg.Runtime)
 	// The runtime runs in the foreground as the sandbox's supervisor (as a
 	// containerd shim would): it reaps the sandbox's init and exits when
@@ -232,7 +236,7 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 		logf.Close()
 		runErr <- err
 	}()
-	if err := d.waitAgent(ctx, cfg.ID, exited); err != nil {
+	if err := d.waitAgent(ctx, cfg.ID, exited, ph, t); err != nil {
 		select {
 		case rerr := <-runErr:
 			if rerr != nil {
@@ -242,10 +246,12 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 		}
 		return nil, fmt.Errorf("%s run: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
 	}
+	t = time.Now()
 	st, err := rc.State(ctx, cfg.ID)
 	if err != nil {
 		return nil, fmt.Errorf("%s state: %w", rc.Command, err)
 	}
+	ph.Mark(runtime.PhaseRuntime, t)
 	d.mu.Lock()
 	d.oom[cfg.ID] = 0
 	d.mu.Unlock()
@@ -330,13 +336,14 @@ func mountRunDir(dir string, uid int) error {
 }
 
 // waitAgent polls the agent socket until it accepts a connection.
-func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{}) error {
+func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{}, ph *runtime.Phases, t time.Time) error {
 	deadline := time.Now().Add(d.opts.StartTimeout)
 	delay := time.Millisecond
 	for {
 		c, err := d.Dial(ctx, id)
 		if err == nil {
 			c.Close()
+			ph.Mark(runtime.PhaseAgent, t)
 			return nil
 		}
 		if time.Now().After(deadline) {

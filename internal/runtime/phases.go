@@ -1,0 +1,92 @@
+package runtime
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Phases of a sandbox's start, in the order they happen. The manager
+// records the first ones, a driver the rest (through the Phases that
+// WithPhases puts in Start's context); docs/performance.md, "Where create
+// time goes", explains each. The names are the values of the phase label
+// of corral_create_phase_seconds and the keys of the sandbox.created
+// event's phases_ms, so they form a fixed set.
+const (
+	// PhaseAdmission: validation and waiting for admission (capacity).
+	PhaseAdmission = "admission"
+	// PhaseStore: the sandbox's record written to the store.
+	PhaseStore = "store"
+	// PhaseNetwork: the network prepared before the start and the veth
+	// pair and policy installed after it (addresses, nftables rules).
+	PhaseNetwork = "network"
+	// PhaseMounts: the writable layer's tmpfs, the agent's socket
+	// directory and the overlay root mounted.
+	PhaseMounts = "mounts"
+	// PhaseSpec: the OCI runtime spec built and written.
+	PhaseSpec = "spec"
+	// PhaseRuntime: the runtime (runc or runsc) creating the container
+	// until it reports the sandbox's init (its pid file).
+	PhaseRuntime = "runtime"
+	// PhaseAgent: from the container's creation to the agent accepting a
+	// connection on its socket (runtime start, agent init).
+	PhaseAgent = "agent"
+	// PhaseFinish: what follows the agent's readiness until the create
+	// returns (the sandbox made live, the template's start command).
+	PhaseFinish = "finish"
+)
+
+// PhaseNames lists every phase in order.
+var PhaseNames = []string{PhaseAdmission, PhaseStore, PhaseNetwork, PhaseMounts, PhaseSpec, PhaseRuntime, PhaseAgent, PhaseFinish}
+
+// Phases records how long the phases of one sandbox's start took. It is
+// safe for concurrent use; a nil *Phases records nothing.
+type Phases struct {
+	mu sync.Mutex
+	// d holds the time spent per phase; guarded by mu.
+	d map[string]time.Duration
+}
+
+// NewPhases returns an empty record.
+func NewPhases() *Phases { return &Phases{d: map[string]time.Duration{}} }
+
+// Mark adds the time since t to phase and returns the current time, so
+// that consecutive phases chain: t = p.Mark(PhaseMounts, t).
+func (p *Phases) Mark(phase string, t time.Time) time.Time {
+	now := time.Now()
+	if p == nil {
+		return now
+	}
+	p.mu.Lock()
+	p.d[phase] += now.Sub(t)
+	p.mu.Unlock()
+	return now
+}
+
+// Milliseconds returns the recorded phases in milliseconds (µs
+// resolution), by name.
+func (p *Phases) Milliseconds() map[string]float64 {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]float64, len(p.d))
+	for k, v := range p.d {
+		out[k] = float64(v.Microseconds()) / 1000
+	}
+	return out
+}
+
+type phasesKey struct{}
+
+// WithPhases returns a context whose sandbox start records into p.
+func WithPhases(ctx context.Context, p *Phases) context.Context {
+	return context.WithValue(ctx, phasesKey{}, p)
+}
+
+// PhasesFrom returns the record of ctx, or nil (which records nothing).
+func PhasesFrom(ctx context.Context) *Phases {
+	p, _ := ctx.Value(phasesKey{}).(*Phases)
+	return p
+}
