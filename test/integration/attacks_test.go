@@ -269,8 +269,10 @@ func testNoNetwork(t *testing.T, rt string) {
 	}
 }
 
-// TestHardening (threat-model.md #4, #5, #7, #17, #18, #19): seccomp is on, user
-// code has no capabilities, root lacks NET_RAW and cannot write sysrq,
+// TestHardening (threat-model.md #4, #5, #7, #17, #18, #19): seccomp is on
+// and admits only the host's own system call ABI (no i386 or x32 compat
+// entry, whose kernel paths had their own bugs), user code has no
+// capabilities, root lacks NET_RAW and cannot write sysrq,
 // mount or create user namespaces; every command leads its own session
 // without a controlling terminal (no TIOCSTI into another terminal) and
 // holds no descriptor but its stdio; no runtime socket is visible.
@@ -294,6 +296,14 @@ func TestHardening(t *testing.T) {
 		{"no mount", "mount -t tmpfs none /mnt", root, false, ""},
 		{"no new user namespace", "unshare -U true", root, false, ""},
 		{"no keyctl", `python3 -c "import ctypes; l=ctypes.CDLL(None); r=l.syscall(250, 0, 0, 0, 0, 0); import sys; sys.exit(0 if r>=0 else 1)"`, root, false, ""},
+		// int 0x80 getpid from a 64-bit process: the compat (i386) entry
+		// is not admitted by the seccomp filter, the thread dies of SIGSYS.
+		{"no 32-bit system calls", `python3 -c "
+import ctypes, mmap
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(bytes([0xb8, 0x14, 0, 0, 0, 0xcd, 0x80, 0xc3]))
+print(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))())"; echo $?`, root, true, "159\n"},
+		{"no x32 system calls", `python3 -c "import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 39)"; echo $?`, root, true, "159\n"},
 		{"no host runtime socket", "ls /var/run/docker.sock /run/containerd/containerd.sock", root, false, ""},
 		{"own session", `test "$(ps -o sid= -p $$ | tr -d ' ')" = "$$" && echo leader`, nil, true, "leader\n"},
 		{"no controlling terminal", `python3 -c "

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	goruntime "runtime"
 	"sort"
 
 	"github.com/corralhq/corral/internal/inroot"
@@ -226,7 +227,36 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		if err != nil {
 			return nil, fmt.Errorf("seccomp profile: %w", err)
 		}
+		prof.Architectures = nativeArch(prof.Architectures)
 		s.Linux.Seccomp = prof
 	}
 	return s, nil
+}
+
+// nativeArches is the seccomp architecture of each GOARCH corral builds
+// for: the only ABI a sandbox's filter admits.
+var nativeArches = map[string]specs.Arch{
+	"amd64": specs.ArchX86_64, "arm64": specs.ArchAARCH64,
+	"ppc64le": specs.ArchPPC64LE, "s390x": specs.ArchS390X, "riscv64": specs.ArchRISCV64,
+}
+
+// nativeArch keeps only the host's own architecture of the seccomp
+// profile's list. Docker's profile also admits the compat ABIs (x86 and
+// x32 on amd64, arm on arm64); without them, a system call made through a
+// compat entry (int 0x80, an x32 number, a 32-bit binary) kills the
+// calling thread with SIGSYS instead of reaching the kernel's compat
+// paths, which have carried their own exploitable bugs (CVE-2010-3081 in
+// compat_alloc_user_space, CVE-2018-1068 in ebtables' compat layer).
+// gVisor runs no 32-bit code either. It is also most of runc's start time
+// here: libseccomp compiles the profile once per architecture, about
+// 36 ms of an 80 ms `runc run` with three of them and about 1 ms with one
+// (docs/performance.md). An unknown GOARCH keeps the
+// list as it is. TestHardening ("no 32-bit system calls") is the
+// regression test.
+func nativeArch(arches []specs.Arch) []specs.Arch {
+	a, ok := nativeArches[goruntime.GOARCH]
+	if !ok {
+		return arches
+	}
+	return []specs.Arch{a}
 }

@@ -1,0 +1,30 @@
+package oci
+
+import (
+	goruntime "runtime"
+	"testing"
+
+	"github.com/corralhq/corral/internal/runtime"
+)
+
+// TestSeccompNativeArchOnly: a runc sandbox's seccomp filter admits the
+// host's own system call ABI only, not Docker's compat ABIs (i386 and x32
+// on amd64), so no system call reaches the kernel's compat entry paths.
+func TestSeccompNativeArchOnly(t *testing.T) {
+	want, ok := nativeArches[goruntime.GOARCH]
+	if !ok {
+		t.Skipf("no native seccomp architecture known for %s", goruntime.GOARCH)
+	}
+	s, err := buildSpec(specInput{cfg: runtime.Config{ID: "x", Runtime: runtime.Runc}, rootfs: "/r", runDir: "/d", agentBin: "/a",
+		uidBase: 100000, idRange: 65536, cgroupDir: "/corral/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s.Linux.Seccomp.Architectures
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("seccomp architectures %v, want only %s", got, want)
+	}
+	if len(s.Linux.Seccomp.Syscalls) == 0 {
+		t.Fatal("seccomp profile has no rules")
+	}
+}
