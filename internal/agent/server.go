@@ -120,7 +120,9 @@ func sandboxEnv(environ []string) []string {
 // Handler returns the agent's HTTP handler: both Connect services, /health
 // and /files, behind the access-token check.
 func (s *Server) Handler() http.Handler {
-	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRequestBytes)}
+	// Small messages go uncompressed to a client that accepts gzip: its
+	// per-message setup costs more than it saves on a command's events.
+	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRequestBytes), connect.WithCompressMinBytes(1024)}
 	mux := http.NewServeMux()
 	mux.Handle(processconnect.NewProcessHandler(&processService{s: s}, opts...))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s: s}, opts...))

@@ -50,7 +50,10 @@ func (s *Server) agentRoute(w http.ResponseWriter, r *http.Request) {
 
 func newAgentProxy(mgr *sandbox.Manager, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
-	path, h := processconnect.NewProcessHandler(&processRelay{mgr: mgr}, connect.WithReadMaxBytes(1<<20))
+	// Small messages (a command's start and end, short output) are sent
+	// uncompressed: gzip's per-message setup costs more than it saves.
+	path, h := processconnect.NewProcessHandler(&processRelay{mgr: mgr}, connect.WithReadMaxBytes(1<<20),
+		connect.WithCompressMinBytes(compressMinBytes))
 	mux.Handle(path, h)
 	target, _ := url.Parse(agentclient.BaseURL)
 	rp := &httputil.ReverseProxy{
@@ -77,6 +80,10 @@ func newAgentProxy(mgr *sandbox.Manager, log *slog.Logger) http.Handler {
 	})))
 	return mux
 }
+
+// compressMinBytes is the smallest message the process relay compresses
+// for a client that accepts compression.
+const compressMinBytes = 1024
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 

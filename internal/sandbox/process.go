@@ -30,6 +30,22 @@ func (m *Manager) ProcessClient(id string) processconnect.ProcessClient {
 	return agentclient.Process(m.AgentHTTP(id))
 }
 
+// oomCounter is a driver that reads a sandbox's OOM-kill count alone,
+// cheaper than its Stats (runtime/oci reads one cgroup file instead of
+// the sandbox's memory, pids, CPU, threads and disk).
+type oomCounter interface {
+	OOMKills(id string) (uint64, error)
+}
+
+// oomKills returns sandbox id's OOM-kill count (Stats' OOMKills).
+func (m *Manager) oomKills(id string) (uint64, error) {
+	if oc, ok := m.driver.(oomCounter); ok {
+		return oc.OOMKills(id)
+	}
+	st, err := m.driver.Stats(id)
+	return st.OOMKills, err
+}
+
 // Process is a command started in a sandbox, streamed from its agent and
 // recorded in the store when it ends.
 type Process struct {
@@ -72,8 +88,8 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 		creq.Header().Set("Authorization", agentclient.BasicUser(user))
 	}
 	p := &Process{m: m, id: id, task: task, call: call, cancel: cancel, by: context.WithoutCancel(ctx)}
-	if st, err := m.driver.Stats(id); err == nil {
-		p.oomStart = st.OOMKills
+	if n, err := m.oomKills(id); err == nil {
+		p.oomStart = n
 	}
 	stream, err := m.ProcessClient(id).Start(agentclient.WithLifetime(ctx, lifetime), creq)
 	if err != nil {
@@ -122,7 +138,7 @@ func (p *Process) Receive() (*process.StartResponse, error) {
 		case !end.GetExited() && (end.GetEndReason() == "" || end.GetEndReason() == "killed"):
 			// The agent cannot see the sandbox's cgroup; the host can.
 			end.EndReason = "killed"
-			if st, err := p.m.driver.Stats(p.id); err == nil && st.OOMKills > p.oomStart {
+			if n, err := p.m.oomKills(p.id); err == nil && n > p.oomStart {
 				end.EndReason = EndOOM
 			}
 		}

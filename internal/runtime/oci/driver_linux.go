@@ -222,7 +222,7 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	runErr := make(chan error, 1)
 	// corral shim -- <runtime> <global flags> run --bundle DIR ID
 	args := append([]string{"shim", "--", rc.Command}, runtimeGlobalArgs(rc)...)
-	args = append(args, "run", "--bundle", dir, cfg.ID)
+	args = append(args, "run", "--bundle", dir, "--pid-file", filepath.Join(dir, pidFileName), cfg.ID)
 	cmd := exec.Command(d.opts.AgentBinary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -246,17 +246,20 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 		}
 		return nil, fmt.Errorf("%s run: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
 	}
-	t = time.Now()
-	st, err := rc.State(ctx, cfg.ID)
+	pid, err := readPidFile(filepath.Join(dir, pidFileName))
 	if err != nil {
-		return nil, fmt.Errorf("%s state: %w", rc.Command, err)
+		// The runtime wrote no pid file (it should have): ask it.
+		st, serr := rc.State(ctx, cfg.ID)
+		if serr != nil {
+			return nil, fmt.Errorf("%s state: %w", rc.Command, errors.Join(err, serr))
+		}
+		pid = st.Pid
 	}
-	ph.Mark(runtime.PhaseRuntime, t)
 	d.mu.Lock()
 	d.oom[cfg.ID] = 0
 	d.mu.Unlock()
 	go d.watchOOM(cfg.ID, exited)
-	return &runtime.Handle{ID: cfg.ID, Pid: st.Pid}, nil
+	return &runtime.Handle{ID: cfg.ID, Pid: pid}, nil
 }
 
 // prepareFS mounts the size-capped tmpfs for the writable layer and the
@@ -335,14 +338,59 @@ func mountRunDir(dir string, uid int) error {
 	return nil
 }
 
-// waitAgent polls the agent socket until it accepts a connection.
+// pidFileName is the file in a sandbox's directory where the runtime
+// writes its init's host pid (runc and runsc --pid-file) once the
+// container exists, before the agent runs.
+const pidFileName = "init.pid"
+
+// readPidFile reads the pid the runtime wrote.
+func readPidFile(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("read pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("pid file holds %q", b)
+	}
+	return pid, nil
+}
+
+// Waits of waitAgent between attempts: agentPoll when nothing happened
+// (inotify wakes it earlier when the pid file or the socket appears),
+// agentRetry when the socket exists but refused (bound, not yet
+// listening: the agent is microseconds from accepting).
+const (
+	agentPoll  = 5 * time.Millisecond
+	agentRetry = 200 * time.Microsecond
+)
+
+// waitAgent waits until the agent socket accepts a connection, woken by
+// inotify when the runtime's pid file appears in the sandbox directory
+// (recorded as the end of runtime.PhaseRuntime) and when the agent's
+// socket appears in its socket directory (runtime.PhaseAgent ends at the
+// first accepted connection). Without inotify it polls every agentPoll.
 func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{}, ph *runtime.Phases, t time.Time) error {
 	deadline := time.Now().Add(d.opts.StartTimeout)
-	delay := time.Millisecond
+	dir := d.dir(id)
+	w := newDirWatch(dir, filepath.Join(dir, "run"))
+	// Closing an inotify instance waits for an RCU grace period (about
+	// 10 ms here): the start does not wait for it.
+	defer func() { go w.close() }()
+	created := false
 	for {
+		if !created {
+			if _, err := os.Lstat(filepath.Join(dir, pidFileName)); err == nil {
+				created = true
+				t = ph.Mark(runtime.PhaseRuntime, t)
+			}
+		}
 		c, err := d.Dial(ctx, id)
 		if err == nil {
 			c.Close()
+			if !created {
+				t = ph.Mark(runtime.PhaseRuntime, t)
+			}
 			ph.Mark(runtime.PhaseAgent, t)
 			return nil
 		}
@@ -354,11 +402,52 @@ func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{
 			return errors.New("sandbox init exited")
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(delay):
+		default:
 		}
-		if delay < 2*time.Millisecond {
-			delay *= 2
+		wait := agentPoll
+		if errors.Is(err, unix.ECONNREFUSED) {
+			wait = agentRetry
 		}
+		w.wait(wait)
+	}
+}
+
+// dirWatch wakes a waiter when an entry is created in (or renamed into)
+// one of its directories. A watch that could not be set up waits the
+// whole timeout (the waiter then polls).
+type dirWatch struct{ f *os.File }
+
+func newDirWatch(dirs ...string) *dirWatch {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return &dirWatch{}
+	}
+	for _, dir := range dirs {
+		if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_ONLYDIR|unix.IN_DONT_FOLLOW); err != nil {
+			unix.Close(fd)
+			return &dirWatch{}
+		}
+	}
+	// Non-blocking: the runtime poller serves it, so reads honour a deadline.
+	return &dirWatch{f: os.NewFile(uintptr(fd), "inotify")}
+}
+
+// wait returns after an event or timeout, whichever is first.
+func (w *dirWatch) wait(timeout time.Duration) {
+	if w.f == nil {
+		time.Sleep(timeout)
+		return
+	}
+	var buf [4096]byte
+	_ = w.f.SetReadDeadline(time.Now().Add(timeout))
+	if _, err := w.f.Read(buf[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		time.Sleep(timeout) // a broken watch must not spin
+	}
+}
+
+func (w *dirWatch) close() {
+	if w.f != nil {
+		w.f.Close()
 	}
 }
 
@@ -457,33 +546,10 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 func (d *Driver) Stats(id string) (runtime.Stats, error) {
 	g := cgroups.Open(d.cgroupPath(id))
 	var s runtime.Stats
-	var err error
-	d.mu.Lock()
-	seen, watched := d.oom[id]
-	d.mu.Unlock()
-	if s.OOMKills, err = g.OOMKills(); err != nil {
-		if watched {
-			s.OOMKills = seen
-			return s, nil
-		}
-		if herr := d.held(id); herr != nil {
-			return s, herr
-		}
-		return s, fmt.Errorf("read cgroup of %s: %w", id, err)
-	}
-	s.OOMKills = max(s.OOMKills, seen)
-	if !watched {
-		d.adoptOOM(id, s.OOMKills)
-	} else if s.OOMKills > seen {
-		// A count seen here is kept, whatever the watch saw: the
-		// sandbox may die (and its cgroup go, or be left empty) before
-		// the watch's next read, and a later Stats must not report
-		// fewer kills than this one did.
-		d.mu.Lock()
-		if n, ok := d.oom[id]; ok && s.OOMKills > n {
-			d.oom[id] = s.OOMKills
-		}
-		d.mu.Unlock()
+	n, read, err := d.oomKills(id, g)
+	s.OOMKills = n
+	if err != nil || !read {
+		return s, err
 	}
 	s.MemoryBytes, _ = g.MemoryBytes()
 	s.Pids, _ = g.Pids()
@@ -493,6 +559,47 @@ func (d *Driver) Stats(id string) (runtime.Stats, error) {
 		s.DiskBytes = int64(fs.Blocks-fs.Bfree) * int64(fs.Bsize)
 	}
 	return s, nil
+}
+
+// OOMKills reads the sandbox's OOM-kill count alone: what Stats reports
+// as OOMKills, without the other reads (the manager takes it before and
+// after every command).
+func (d *Driver) OOMKills(id string) (uint64, error) {
+	n, _, err := d.oomKills(id, cgroups.Open(d.cgroupPath(id)))
+	return n, err
+}
+
+// oomKills returns the OOM-kill count of sandbox id (cgroup g), never less
+// than a count seen before; read is false when the cgroup could not be
+// read and the count is the last one seen.
+func (d *Driver) oomKills(id string, g cgroups.Group) (n uint64, read bool, err error) {
+	d.mu.Lock()
+	seen, watched := d.oom[id]
+	d.mu.Unlock()
+	if n, err = g.OOMKills(); err != nil {
+		if watched {
+			return seen, false, nil
+		}
+		if herr := d.held(id); herr != nil {
+			return 0, false, herr
+		}
+		return 0, false, fmt.Errorf("read cgroup of %s: %w", id, err)
+	}
+	n = max(n, seen)
+	if !watched {
+		d.adoptOOM(id, n)
+	} else if n > seen {
+		// A count seen here is kept, whatever the watch saw: the
+		// sandbox may die (and its cgroup go, or be left empty) before
+		// the watch's next read, and a later Stats must not report
+		// fewer kills than this one did.
+		d.mu.Lock()
+		if v, ok := d.oom[id]; ok && n > v {
+			d.oom[id] = n
+		}
+		d.mu.Unlock()
+	}
+	return n, true, nil
 }
 
 // cpu reads the sandbox's CPU time and its run-delay counter back to
