@@ -413,9 +413,12 @@ func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{
 }
 
 // dirWatch wakes a waiter when an entry is created in (or renamed into)
-// one of its directories. A watch that could not be set up waits the
-// whole timeout (the waiter then polls).
+// one of its directories. Without a watch (no inotify instance left, say)
+// the waiter polls every watchlessPoll.
 type dirWatch struct{ f *os.File }
+
+// watchlessPoll is the poll interval of a dirWatch that has no watch.
+const watchlessPoll = time.Millisecond
 
 func newDirWatch(dirs ...string) *dirWatch {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
@@ -435,7 +438,7 @@ func newDirWatch(dirs ...string) *dirWatch {
 // wait returns after an event or timeout, whichever is first.
 func (w *dirWatch) wait(timeout time.Duration) {
 	if w.f == nil {
-		time.Sleep(timeout)
+		time.Sleep(min(timeout, watchlessPoll))
 		return
 	}
 	var buf [4096]byte
