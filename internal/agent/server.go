@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -218,6 +219,10 @@ func Main(ctx context.Context, cfg Config) error {
 		case <-ctx.Done():
 		}
 	}()
+	// What start-up allocated and dropped (the package initialisers of
+	// the whole corral binary included) goes back to the host now: an
+	// agent idles most of its life.
+	debug.FreeOSMemory()
 	err = s.Serve(ctx, ln)
 	os.Remove(cfg.Socket)
 	return err

@@ -352,6 +352,8 @@ type Server struct {
 	stopBuild     func() // cancels a background code-interpreter build and waits for it
 
 	templates *registry.Registry
+	// driver runs the sandboxes; Close closes it.
+	driver *oci.Driver
 }
 
 // IDRange is the host uid/gid range the server's sandboxes map to.
@@ -565,7 +567,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey, Templates: reg, Volumes: volSvc,
 		Usage: meter}, mgr, st, cfg.Log)
 	meter.Start()
-	return &Server{cfg: cfg, Store: st, Manager: mgr, Volumes: volSvc, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
+	return &Server{cfg: cfg, driver: drv, Store: st, Manager: mgr, Volumes: volSvc, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
 		Redactor: red, Governor: gov, Watchdog: wd, Usage: meter, stopWatchdog: wcancel, templates: reg, summary: sum,
 		stopRetention: func() { rcancel(); <-rdone }, stopBuild: stopBuild}, nil
 }
@@ -631,6 +633,9 @@ func (s *Server) Close(ctx context.Context) error {
 	s.stopBuild()
 	s.Manager.Shutdown(ctx, s.cfg.KillOnShutdown)
 	var errs []error
+	if err := s.driver.Close(); err != nil {
+		errs = append(errs, err)
+	}
 	if s.Gateway != nil {
 		if err := s.Gateway.Close(); err != nil {
 			errs = append(errs, err)

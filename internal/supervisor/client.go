@@ -79,6 +79,51 @@ func (c *Client) run(ctx context.Context, body []byte, out *os.File) (code int, 
 	return r.Code, true, nil
 }
 
+// Close asks the supervisor to exit if it has nothing to reap and no
+// other client: a control plane that closes calls it, so that an idle
+// supervisor does not outlive it (orphaned, it would stay). One that
+// still reaps sandboxes stays. No supervisor running is not an error.
+func (c *Client) Close() error {
+	_, err := c.exitIfIdle()
+	return err
+}
+
+// CloseWait is Close for a caller that holds no sandbox: it asks again
+// until the supervisor exits or wait passed, as the processes of the
+// sandboxes just stopped may not all be reaped yet.
+func (c *Client) CloseWait(wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		exited, err := c.exitIfIdle()
+		if err != nil || exited || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// exitIfIdle sends the request once; exited is true if the supervisor
+// exits or none runs.
+func (c *Client) exitIfIdle() (exited bool, err error) {
+	conn, err := c.connect()
+	if err != nil {
+		return true, nil
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write([]byte(`{"exit_if_idle":true}`)); err != nil {
+		return false, fmt.Errorf("supervisor: %w", err)
+	}
+	var r reply
+	if err := json.NewDecoder(conn).Decode(&r); err != nil {
+		return false, fmt.Errorf("supervisor: %w", err)
+	}
+	if r.Error != "" {
+		return false, fmt.Errorf("supervisor: %s", r.Error)
+	}
+	return r.Exited, nil
+}
+
 // dial connects to the supervisor, starting it if none answers.
 func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
 	if conn, err := c.connect(); err == nil {

@@ -38,6 +38,11 @@ import (
 // stderr are the one descriptor passed with the request (SCM_RIGHTS);
 // its stdin is /dev/null.
 type request struct {
+	// ExitIfIdle, instead of a command, asks the supervisor to exit now
+	// if it has nothing to reap and no other client (a control plane
+	// that closes, so that an idle supervisor does not outlive it).
+	ExitIfIdle bool `json:"exit_if_idle,omitempty"`
+
 	Argv []string `json:"argv"`
 	Env  []string `json:"env"`
 	Dir  string   `json:"dir"`
@@ -76,6 +81,9 @@ type server struct {
 	children bool
 	// closing is set once the supervisor decided to exit. Guarded by mu.
 	closing bool
+	// exit is closed to make Serve return, once closing is set, by the
+	// one that set it.
+	exit chan struct{}
 }
 
 // Serve runs the supervisor on the unix socket sock and returns the
@@ -99,7 +107,7 @@ func Serve(sock string, idleExit time.Duration) int {
 		fmt.Fprintln(os.Stderr, "supervisor:", err)
 		return 1
 	}
-	s := &server{ln: ln, idleExit: idleExit, ppid: os.Getppid(), waiters: map[int]chan int{}, children: true}
+	s := &server{ln: ln, idleExit: idleExit, ppid: os.Getppid(), waiters: map[int]chan int{}, children: true, exit: make(chan struct{})}
 	chld := make(chan os.Signal, 1)
 	signal.Notify(chld, syscall.SIGCHLD)
 	go func() {
@@ -116,6 +124,7 @@ func Serve(sock string, idleExit time.Duration) int {
 			closing := s.closing
 			s.mu.Unlock()
 			if closing {
+				<-s.exit
 				return 0
 			}
 			if errors.Is(err, net.ErrClosed) {
@@ -208,24 +217,39 @@ func (s *server) idleLoop() {
 		case idleSince.IsZero():
 			idleSince = time.Now()
 		case time.Since(idleSince) >= s.idleExit && os.Getppid() == s.ppid:
-			// Under the starters' lock, so that no client starts a new
-			// supervisor whose socket this one's exit would remove.
-			dir := filepath.Dir(s.ln.Addr().String())
-			lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|unix.O_NOFOLLOW, 0)
-			if err == nil && unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
-				s.closing = true
-				s.ln.Close() // removes the socket file
-				_ = os.Remove(lock.Name())
-				_ = os.Remove(dir)
-				_ = os.Remove(filepath.Dir(dir))
-				os.Exit(0)
-			}
-			if lock != nil {
-				lock.Close()
+			if s.closeLocked(0) {
+				close(s.exit)
+				s.mu.Unlock()
+				return
 			}
 		}
 		s.mu.Unlock()
 	}
+}
+
+// closeLocked, with s.mu held, makes the supervisor exit if it is idle
+// but for busy connections: under the starters' lock, so that no client
+// starts a new supervisor whose socket this one's exit would remove. It
+// reports whether it decided so now (the caller then closes s.exit).
+func (s *server) closeLocked(busy int) bool {
+	if s.closing || s.children || s.conns > busy || len(s.waiters) > 0 {
+		return false
+	}
+	dir := filepath.Dir(s.ln.Addr().String())
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return false
+	}
+	if unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		lock.Close()
+		return false
+	}
+	s.closing = true
+	s.ln.Close() // removes the socket file
+	_ = os.Remove(lock.Name())
+	_ = os.Remove(dir)
+	_ = os.Remove(filepath.Dir(dir))
+	return true // the lock goes with the process
 }
 
 // handle serves one request on c.
@@ -240,7 +264,20 @@ func (s *server) handle(c *net.UnixConn) {
 		_ = enc.Encode(reply{Error: err.Error()})
 		return
 	}
-	defer out.Close()
+	if out != nil {
+		defer out.Close()
+	}
+	if req.ExitIfIdle {
+		s.reap()
+		s.mu.Lock()
+		exits := s.closeLocked(1)
+		s.mu.Unlock()
+		_ = enc.Encode(reply{Exited: exits})
+		if exits {
+			close(s.exit)
+		}
+		return
+	}
 	ch, pid, err := s.start(req, out)
 	if err != nil {
 		_ = enc.Encode(reply{Error: err.Error()})
@@ -285,6 +322,12 @@ func readRequest(c *net.UnixConn) (request, *os.File, error) {
 	if err != nil {
 		return req, nil, fmt.Errorf("read request: %w", err)
 	}
+	if oobn == 0 {
+		if err := json.Unmarshal(buf[:n], &req); err != nil || !req.ExitIfIdle {
+			return req, nil, errors.New("request without its output descriptor")
+		}
+		return req, nil, nil
+	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err != nil || len(msgs) != 1 {
 		return req, nil, errors.New("request without its output descriptor")
@@ -298,7 +341,7 @@ func readRequest(c *net.UnixConn) (request, *os.File, error) {
 	}
 	unix.CloseOnExec(fds[0])
 	out := os.NewFile(uintptr(fds[0]), "output")
-	if err := json.Unmarshal(buf[:n], &req); err != nil || len(req.Argv) == 0 {
+	if err := json.Unmarshal(buf[:n], &req); err != nil || len(req.Argv) == 0 || req.ExitIfIdle {
 		out.Close()
 		return req, nil, fmt.Errorf("bad request: %v", err)
 	}

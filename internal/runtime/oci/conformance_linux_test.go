@@ -166,6 +166,11 @@ func (e confEnv) setupOpts(t *testing.T, rt runtime.Runtime) (drivertest.Setup, 
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() {
+			if err := d.Close(); err != nil {
+				t.Errorf("close driver: %v", err)
+			}
+		})
 		return d
 	}
 	return drivertest.Setup{

@@ -129,6 +129,23 @@ func New(o Options) (*Driver, error) {
 	return d, nil
 }
 
+// Close lets the supervisor of the driver's state dir exit if it has no
+// sandbox left to reap (it stays otherwise, for the next control plane):
+// a control plane that shuts down calls it. The driver keeps working; a
+// later Start starts a supervisor again.
+func (d *Driver) Close() error {
+	ents, err := os.ReadDir(d.opts.StateDir)
+	if err != nil {
+		return d.sup.Close()
+	}
+	for _, e := range ents {
+		if idPattern.MatchString(e.Name()) {
+			return d.sup.Close() // a sandbox is kept: the supervisor stays
+		}
+	}
+	return d.sup.CloseWait(5 * time.Second)
+}
+
 func (d *Driver) dir(id string) string { return filepath.Join(d.opts.StateDir, id) }
 
 // held returns nil if the driver holds sandbox id (its directory exists:

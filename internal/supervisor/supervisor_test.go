@@ -1,0 +1,189 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The test binary is its own supervisor binary: run as `BIN supervisor
+// --socket PATH` (what Client starts), it serves PATH.
+func TestMain(m *testing.M) {
+	if len(os.Args) == 4 && os.Args[1] == "supervisor" && os.Args[2] == "--socket" {
+		os.Exit(Serve(os.Args[3], 300*time.Millisecond))
+	}
+	os.Exit(m.Run())
+}
+
+func newClient(t *testing.T) *Client {
+	dir := t.TempDir()
+	c := &Client{Socket: filepath.Join(dir, "sup", "supervisor.sock"), Binary: os.Args[0]}
+	// Orphaned by this process's exit, an idle supervisor would stay.
+	t.Cleanup(func() {
+		if err := c.CloseWait(time.Minute); err != nil {
+			t.Error(err)
+		}
+		poll(t, "the supervisor exits", func() bool { return len(pidsServing(c.Socket)) == 0 })
+	})
+	return c
+}
+
+// TestRunReapsOrphans: a command runs under the supervisor with the
+// given output and its exit code comes back; a process it leaves behind
+// (an orphan, as a runtime's create leaves the sandbox's init) is
+// reparented to the supervisor and reaped by it, never left a zombie;
+// with nothing left to reap the supervisor exits on its own and takes
+// its socket directory with it. It defends the density change that runs
+// every sandbox without a resident process of its own.
+func TestRunReapsOrphans(t *testing.T) {
+	c := newClient(t)
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, err := c.Run(context.Background(), []string{"/bin/sh", "-c", "echo hi; echo err >&2; sleep 1 & exit 3"}, out)
+	if err != nil || code != 3 {
+		t.Fatalf("run: code %d, %v; want 3", code, err)
+	}
+	out.Close()
+	if b, _ := os.ReadFile(out.Name()); string(b) != "hi\nerr\n" {
+		t.Fatalf("output %q", b)
+	}
+	sup := pidsServing(c.Socket)
+	if len(sup) != 1 {
+		t.Fatalf("supervisors serving %s: %v", c.Socket, sup)
+	}
+	// The orphaned sleep is the supervisor's child now.
+	poll(t, "the orphan is reparented to the supervisor", func() bool { return len(children(sup[0], "")) > 0 })
+	poll(t, "the orphan is reaped", func() bool { return len(children(sup[0], "")) == 0 })
+	poll(t, "the idle supervisor exits", func() bool { return len(pidsServing(c.Socket)) == 0 })
+	if _, err := os.Stat(filepath.Dir(c.Socket)); !os.IsNotExist(err) {
+		t.Fatalf("socket dir left after the supervisor exited: %v", err)
+	}
+	if z := children(os.Getpid(), "Z"); len(z) > 0 {
+		t.Fatalf("zombies left to this process: %v", z)
+	}
+	// Asked again, a new supervisor is started.
+	out, _ = os.Create(filepath.Join(t.TempDir(), "out2"))
+	defer out.Close()
+	if code, err := c.Run(context.Background(), []string{"/bin/true"}, out); err != nil || code != 0 {
+		t.Fatalf("run after the supervisor exited: %d, %v", code, err)
+	}
+}
+
+// TestCloseExitsOnlyIfIdle: Close ends a supervisor with nothing to reap
+// at once (a control plane that shuts down must not leave it behind),
+// but not one that still has a process to reap (a sandbox kept across
+// a restart).
+func TestCloseExitsOnlyIfIdle(t *testing.T) {
+	c := newClient(t)
+	out, _ := os.Create(filepath.Join(t.TempDir(), "out"))
+	defer out.Close()
+	if _, err := c.Run(context.Background(), []string{"/bin/sh", "-c", "sleep 2 & exit 0"}, out); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(pidsServing(c.Socket)) != 1 {
+		t.Fatal("Close ended a supervisor that still had a process to reap")
+	}
+	if err := c.CloseWait(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the supervisor exits once idle and asked", func() bool { return len(pidsServing(c.Socket)) == 0 })
+}
+
+// TestRefusesBadRequests: a request without its output descriptor, or
+// with no command, is refused and runs nothing.
+func TestRefusesBadRequests(t *testing.T) {
+	c := newClient(t)
+	if err := c.Close(); err != nil { // none running: not an error
+		t.Fatal(err)
+	}
+	out, _ := os.Create(filepath.Join(t.TempDir(), "out"))
+	defer out.Close()
+	if _, err := c.Run(context.Background(), []string{"/bin/true"}, out); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := c.connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte(`{"argv":["/bin/touch","` + filepath.Join(t.TempDir(), "x") + `"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 512)
+	n, _ := conn.Read(buf)
+	if !bytes.Contains(buf[:n], []byte("without its output descriptor")) {
+		t.Fatalf("reply %q", buf[:n])
+	}
+}
+
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not so after a minute", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// pidsServing lists the supervisor processes serving sock.
+func pidsServing(sock string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) == 4 && args[1] == "supervisor" && args[3] == sock {
+			if st := state(pid); st != "Z" && st != "" {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// children lists the children of ppid in state st ("" for any).
+func children(ppid int, st string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(ppid) && (st == "" || f[0] == st) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func state(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return f[0]
+}
