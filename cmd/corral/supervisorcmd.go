@@ -11,22 +11,16 @@ import (
 // newSupervisorCmd is `corral supervisor --socket PATH`, the one process
 // that reaps what the OCI runtime leaves of every sandbox of a data
 // directory (package supervisor). corral starts it; it is not meant to
-// be run by hand.
+// be run by hand. Its flags are supervisor.Command's.
 func newSupervisorCmd() *cobra.Command {
-	var sock string
-	var idle = supervisor.DefaultIdleExit
-	cmd := &cobra.Command{
-		Use:    "supervisor --socket PATH",
-		Short:  "Reap the processes of corral's sandboxes (internal)",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			os.Exit(supervisor.Serve(sock, idle))
+	return &cobra.Command{
+		Use:                "supervisor --socket PATH [--idle-exit DURATION]",
+		Short:              "Reap the processes of corral's sandboxes (internal)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			os.Exit(supervisor.Command(args, os.Stderr))
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&sock, "socket", "", "unix socket to serve on")
-	cmd.Flags().DurationVar(&idle, "idle-exit", idle, "exit after this long with nothing to reap and no client")
-	_ = cmd.MarkFlagRequired("socket")
-	return cmd
 }

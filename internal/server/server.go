@@ -80,8 +80,10 @@ type Config struct {
 	// KillOnShutdown kills every sandbox when the server stops; otherwise
 	// they keep running and the next start adopts them.
 	KillOnShutdown bool
-	// AgentBinary is the static corral binary run as each sandbox's agent
-	// (default: the running executable).
+	// AgentBinary is the static binary run as each sandbox's agent and as
+	// the sandboxes' supervisor: corral, or the lean corral-agent (default:
+	// corral-agent beside the running executable if it is there, else the
+	// running executable).
 	AgentBinary string
 	// Progress receives the base template build's progress display.
 	Progress io.Writer
@@ -870,9 +872,13 @@ func checkTemplateBase(t template.Template, r idrange.Range) error {
 	return nil
 }
 
-// installAgent copies the running (static) binary into the data dir, from
-// where it is bind-mounted read-only into sandboxes. The copy lives on a
-// path sandbox root can traverse, unlike a binary under /root.
+// installAgent copies the agent binary into the data dir, from where it
+// is bind-mounted read-only into sandboxes. The copy lives on a path
+// sandbox root can traverse, unlike a binary under /root. Without one
+// configured it is the lean corral-agent installed beside the running
+// binary (an idle agent costs the host less memory: docs/performance.md,
+// "Idle sandbox density") or, if there is none, the running binary
+// itself (corral agent).
 func installAgent(bin, dataDir string) (string, error) {
 	if bin == "" {
 		self, err := os.Executable()
@@ -880,8 +886,19 @@ func installAgent(bin, dataDir string) (string, error) {
 			return "", err
 		}
 		bin = self
+		if lean := filepath.Join(filepath.Dir(self), LeanAgentName); isExecutable(lean) {
+			bin = lean
+		}
 	}
 	return InstallAgentBinary(bin, dataDir)
+}
+
+// LeanAgentName is the lean agent binary's name (cmd/corral-agent).
+const LeanAgentName = "corral-agent"
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }
 
 // InstallAgentBinary copies bin to DATA/bin/corral-agent (atomically).

@@ -22,7 +22,9 @@ package supervisor
 import (
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -375,4 +377,21 @@ func (s *server) start(req request, out *os.File) (chan int, int, error) {
 	s.children = true
 	_ = p.Release() // the reaper waits for it
 	return ch, p.Pid, nil
+}
+
+// Command runs `supervisor --socket PATH [--idle-exit D]` with args
+// after the subcommand and returns the process's exit code.
+func Command(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("supervisor", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	sock := fs.String("socket", "", "unix socket to serve on")
+	idle := fs.Duration("idle-exit", DefaultIdleExit, "exit after this long with nothing to reap and no client")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *sock == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "supervisor: usage: supervisor --socket PATH [--idle-exit D]")
+		return 2
+	}
+	return Serve(*sock, *idle)
 }

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/corralhq/corral/internal/cgroups"
+	"github.com/corralhq/corral/internal/runtime"
+	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/internal/server"
 	"github.com/corralhq/corral/test/testserver"
 )
@@ -172,13 +174,15 @@ func TestIdleDensity(t *testing.T) {
 	for _, id := range ids {
 		idSet[id] = true
 	}
+	// This server's supervisor serves a socket beside its runtime roots.
+	supDir := filepath.Dir(oci.RuntimeRoot(filepath.Join(ts.DataDir, "sandboxes"), runtime.Runc)) + "/"
 	sup := 0
 	for _, pid := range allPids() {
 		if inCgroup[pid] {
 			continue
 		}
 		args := cmdline(pid)
-		if len(args) > 1 && args[1] == "supervisor" && strings.Contains(strings.Join(args, " "), "/run/corral/") {
+		if len(args) > 1 && args[1] == "supervisor" && strings.Contains(strings.Join(args, " "), supDir) {
 			add("corral supervisor (shared)", pid)
 			sup++
 			continue

@@ -97,8 +97,9 @@ func buildConfEnv() (confEnv, error) {
 	if err := os.Chmod(tmp, 0o711); err != nil {
 		return confEnv{}, err
 	}
-	agent := filepath.Join(tmp, "corral")
-	cmd := exec.Command("go", "build", "-o", agent, "../../../cmd/corral")
+	// The lean agent binary, as a server installed by make runs.
+	agent := filepath.Join(tmp, "corral-agent")
+	cmd := exec.Command("go", "build", "-o", agent, "../../../cmd/corral-agent")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return confEnv{}, fmt.Errorf("build the agent: %v: %s", err, out)
