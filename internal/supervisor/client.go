@@ -59,7 +59,7 @@ func (c *Client) run(ctx context.Context, body []byte, out *os.File) (code int, 
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
 	defer stop()
-	if _, _, err := conn.WriteMsgUnix(body, unix.UnixRights(int(out.Fd())), nil); err != nil {
+	if _, _, err := conn.WriteMsgUnix(frame(body), unix.UnixRights(int(out.Fd())), nil); err != nil {
 		return 0, false, fmt.Errorf("supervisor request: %w", err)
 	}
 	dec := json.NewDecoder(bufio.NewReader(conn))
@@ -111,7 +111,7 @@ func (c *Client) exitIfIdle() (exited bool, err error) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := conn.Write([]byte(`{"exit_if_idle":true}`)); err != nil {
+	if _, err := conn.Write(frame([]byte(`{"exit_if_idle":true}`))); err != nil {
 		return false, fmt.Errorf("supervisor: %w", err)
 	}
 	var r reply

@@ -20,6 +20,7 @@
 package supervisor
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -29,6 +30,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -99,6 +101,8 @@ func Serve(sock string, idleExit time.Duration) int {
 	// A terminal's signals and a closed pipe must not end it: sandboxes
 	// depend on it. SIGTERM and SIGKILL still do.
 	signal.Ignore(syscall.SIGHUP, syscall.SIGINT, syscall.SIGPIPE)
+	// One process for all sandboxes, idle most of the time: a small heap goal.
+	debug.SetGCPercent(50)
 	_ = os.Chdir("/")
 	syscall.Umask(0o077)
 	ln, err := listen(sock)
@@ -316,38 +320,77 @@ func checkPeer(c *net.UnixConn) error {
 }
 
 // readRequest reads the request and the output descriptor sent with it.
+// A request is a 4-byte big-endian length and that many bytes of JSON
+// (at most maxRequest), the descriptor attached to its first bytes; a
+// stream socket may deliver it in several reads.
 func readRequest(c *net.UnixConn) (request, *os.File, error) {
 	var req request
-	buf := make([]byte, maxRequest)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetReadDeadline(time.Time{})
+	head := make([]byte, 4<<10)
 	oob := make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	n, oobn, _, _, err := c.ReadMsgUnix(head, oob)
 	if err != nil {
 		return req, nil, fmt.Errorf("read request: %w", err)
 	}
-	if oobn == 0 {
-		if err := json.Unmarshal(buf[:n], &req); err != nil || !req.ExitIfIdle {
-			return req, nil, errors.New("request without its output descriptor")
+	var out *os.File
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil || len(msgs) != 1 {
+			return req, nil, errors.New("bad control message")
 		}
-		return req, nil, nil
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		return req, nil, errors.New("request without its output descriptor")
-	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		for _, fd := range fds {
-			unix.Close(fd)
+		fds, err := unix.ParseUnixRights(&msgs[0])
+		if err != nil || len(fds) != 1 {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			return req, nil, errors.New("bad control message")
 		}
-		return req, nil, errors.New("request without its output descriptor")
+		unix.CloseOnExec(fds[0])
+		out = os.NewFile(uintptr(fds[0]), "output")
 	}
-	unix.CloseOnExec(fds[0])
-	out := os.NewFile(uintptr(fds[0]), "output")
-	if err := json.Unmarshal(buf[:n], &req); err != nil || len(req.Argv) == 0 || req.ExitIfIdle {
-		out.Close()
-		return req, nil, fmt.Errorf("bad request: %v", err)
+	fail := func(err error) (request, *os.File, error) {
+		if out != nil {
+			out.Close()
+		}
+		return req, nil, err
+	}
+	head = head[:n]
+	if len(head) < 4 {
+		more := make([]byte, 4-len(head))
+		if _, err := io.ReadFull(c, more); err != nil {
+			return fail(fmt.Errorf("read request: %w", err))
+		}
+		head = append(head, more...)
+	}
+	size := int(binary.BigEndian.Uint32(head))
+	if size > maxRequest || size < len(head)-4 {
+		return fail(fmt.Errorf("bad request length %d", size))
+	}
+	body := make([]byte, size)
+	got := copy(body, head[4:])
+	if _, err := io.ReadFull(c, body[got:]); err != nil {
+		return fail(fmt.Errorf("read request: %w", err))
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return fail(fmt.Errorf("bad request: %w", err))
+	}
+	switch {
+	case req.ExitIfIdle && len(req.Argv) == 0:
+		return fail(nil) // needs no descriptor; one sent is closed
+	case req.ExitIfIdle || len(req.Argv) == 0:
+		return fail(errors.New("bad request: a command or exit_if_idle"))
+	case out == nil:
+		return fail(errors.New("request without its output descriptor"))
 	}
 	return req, out, nil
+}
+
+// frame is body with the length prefix readRequest expects.
+func frame(body []byte) []byte {
+	b := make([]byte, 4, 4+len(body))
+	binary.BigEndian.PutUint32(b, uint32(len(body)))
+	return append(b, body...)
 }
 
 // start starts req's command with out as its stdout and stderr, in a

@@ -112,18 +112,28 @@ func TestRefusesBadRequests(t *testing.T) {
 	if _, err := c.Run(context.Background(), []string{"/bin/true"}, out); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := c.connect()
-	if err != nil {
-		t.Fatal(err)
+	marker := filepath.Join(t.TempDir(), "x")
+	for _, tc := range []struct{ name, req, reply string }{
+		{"no descriptor", `{"argv":["/bin/touch","` + marker + `"]}`, "without its output descriptor"},
+		{"no command", `{"argv":[]}`, "a command or exit_if_idle"},
+		{"not JSON", `{"argv":`, "bad request"},
+	} {
+		conn, err := c.connect()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Write(frame([]byte(tc.req))); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 512)
+		n, _ := conn.Read(buf)
+		conn.Close()
+		if !bytes.Contains(buf[:n], []byte(tc.reply)) {
+			t.Errorf("%s: reply %q, want %q", tc.name, buf[:n], tc.reply)
+		}
 	}
-	defer conn.Close()
-	if _, err := conn.Write([]byte(`{"argv":["/bin/touch","` + filepath.Join(t.TempDir(), "x") + `"]}`)); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 512)
-	n, _ := conn.Read(buf)
-	if !bytes.Contains(buf[:n], []byte("without its output descriptor")) {
-		t.Fatalf("reply %q", buf[:n])
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("a refused request ran its command: %v", err)
 	}
 }
 
