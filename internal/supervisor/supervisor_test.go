@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -196,4 +197,58 @@ func state(pid int) string {
 	}
 	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
 	return f[0]
+}
+
+// TestRefusesOtherUsers: a client that is not the supervisor's user is
+// refused and nothing runs, even if the socket's modes let it connect.
+// The supervisor runs commands as root: any other host user who reached
+// it would run commands as root. (The socket's directory is private to
+// root as well; this checks the peer-credential lock behind it.)
+func TestRefusesOtherUsers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the client runs as nobody")
+	}
+	py := "/usr/bin/python3"
+	if _, err := os.Stat(py); err != nil {
+		t.Skip("needs /usr/bin/python3 for a client of another uid")
+	}
+	c := newClient(t)
+	out, _ := os.Create(filepath.Join(t.TempDir(), "out"))
+	defer out.Close()
+	if _, err := c.Run(context.Background(), []string{"/bin/true"}, out); err != nil {
+		t.Fatal(err)
+	}
+	// Open the way to the socket for everyone.
+	for d := filepath.Dir(c.Socket); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(c.Socket, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(os.TempDir(), fmt.Sprintf("corral-supervisor-test-%d", os.Getpid()))
+	defer os.Remove(marker)
+	script := `
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+body = json.dumps({"argv": ["/bin/touch", sys.argv[2]]}).encode()
+try:
+    socket.send_fds(s, [struct.pack(">I", len(body)) + body], [1])
+except OSError:
+    pass  # refused before the request was read
+print(s.recv(512).decode())
+`
+	cmd := exec.Command("/usr/sbin/runuser", "-u", "nobody", "--", py, "-c", script, c.Socket, marker)
+	got, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("client as nobody: %v: %s", err, got)
+	}
+	if !strings.Contains(string(got), "peer uid 65534 refused") {
+		t.Fatalf("reply to a client of uid 65534: %q", got)
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("the command of a refused client ran: %v", err)
+	}
 }
