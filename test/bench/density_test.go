@@ -92,13 +92,13 @@ func TestIdleDensity(t *testing.T) {
 		return resp.StatusCode, nil
 	}
 	// One sandbox first: the template is cached and the server warm.
-	warm := createIdle(t, api, rt)
+	warm := densityCreate(t, api, rt)
 	if _, err := api("DELETE", "/v1/sandboxes/"+warm, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
-	availBefore := memAvailable(t)
-	selfBefore := pss(os.Getpid())
+	availBefore := densityMemAvailable(t)
+	selfBefore := densityPSS(os.Getpid())
 
 	ids := make([]string, n)
 	t0 := time.Now()
@@ -110,7 +110,7 @@ func TestIdleDensity(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			ids[i] = createIdle(t, api, rt)
+			ids[i] = densityCreate(t, api, rt)
 		}()
 	}
 	wg.Wait()
@@ -140,18 +140,18 @@ func TestIdleDensity(t *testing.T) {
 	}
 	// Idle: the agents' start-up garbage collected and returned.
 	time.Sleep(20 * time.Second)
-	availAfter := memAvailable(t)
-	selfAfter := pss(os.Getpid())
+	availAfter := densityMemAvailable(t)
+	selfAfter := densityPSS(os.Getpid())
 
-	kinds := map[string]*kindStat{}
+	kinds := map[string]*densityKind{}
 	add := func(kind string, pid int) {
 		k := kinds[kind]
 		if k == nil {
-			k = &kindStat{}
+			k = &densityKind{}
 			kinds[kind] = k
 		}
 		k.n++
-		k.pss += pss(pid)
+		k.pss += densityPSS(pid)
 		if k.n == 1 {
 			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 			k.sample = strings.Join(strings.Fields(strings.ReplaceAll(string(bytes.SplitN(b, []byte("\n"), 2)[min(1, len(bytes.SplitN(b, []byte("\n"), 2))-1)]), " kB", "k")), " ")
@@ -164,7 +164,7 @@ func TestIdleDensity(t *testing.T) {
 		pids, _ := g.Procs()
 		for _, pid := range pids {
 			inCgroup[pid] = true
-			add("in the sandbox cgroup: "+comm(pid), pid)
+			add("in the sandbox cgroup: "+densityComm(pid), pid)
 		}
 		if b, err := g.MemoryBytes(); err == nil {
 			cgBytes += b
@@ -177,11 +177,11 @@ func TestIdleDensity(t *testing.T) {
 	// This server's supervisor serves a socket beside its runtime roots.
 	supDir := filepath.Dir(oci.RuntimeRoot(filepath.Join(ts.DataDir, "sandboxes"), runtime.Runc)) + "/"
 	sup := 0
-	for _, pid := range allPids() {
+	for _, pid := range densityPids() {
 		if inCgroup[pid] {
 			continue
 		}
-		args := cmdline(pid)
+		args := densityCmdline(pid)
 		if len(args) > 1 && args[1] == "supervisor" && strings.Contains(strings.Join(args, " "), supDir) {
 			add("corral supervisor (shared)", pid)
 			sup++
@@ -189,7 +189,7 @@ func TestIdleDensity(t *testing.T) {
 		}
 		for _, a := range args {
 			if idSet[a] || idSet[filepath.Base(a)] {
-				add("outside the cgroup, naming the sandbox: "+filepath.Base(args[0])+" "+firstVerb(args), pid)
+				add("outside the cgroup, naming the sandbox: "+filepath.Base(args[0])+" "+densityVerb(args), pid)
 				break
 			}
 		}
@@ -204,30 +204,30 @@ func TestIdleDensity(t *testing.T) {
 	for _, k := range names {
 		s := kinds[k]
 		total += s.pss
-		t.Logf("  %-60s %4d processes  %7.2f MiB per process  %6.2f MiB per sandbox", k, s.n, mib(s.pss)/float64(s.n), mib(s.pss)/float64(n))
+		t.Logf("  %-60s %4d processes  %7.2f MiB per process  %6.2f MiB per sandbox", k, s.n, densityMiB(s.pss)/float64(s.n), densityMiB(s.pss)/float64(n))
 		t.Logf("      one of them: %s", s.sample)
 	}
-	t.Logf("  %-60s %6.2f MiB per sandbox", "control plane growth (this process)", mib(selfAfter-selfBefore)/float64(n))
-	t.Logf("PSS of all host processes per sandbox: %.2f MiB", mib(total+selfAfter-selfBefore)/float64(n))
-	t.Logf("sandbox cgroups' memory usage: %.2f MiB per sandbox", mib(cgBytes)/float64(n))
+	t.Logf("  %-60s %6.2f MiB per sandbox", "control plane growth (this process)", densityMiB(selfAfter-selfBefore)/float64(n))
+	t.Logf("PSS of all host processes per sandbox: %.2f MiB", densityMiB(total+selfAfter-selfBefore)/float64(n))
+	t.Logf("sandbox cgroups' memory usage: %.2f MiB per sandbox", densityMiB(cgBytes)/float64(n))
 	t.Logf("MemAvailable: %.0f MiB before, %.0f MiB after: %.2f MiB per sandbox (host-wide: other processes on the host move it too)",
-		mib(availBefore), mib(availAfter), mib(availBefore-availAfter)/float64(n))
+		densityMiB(availBefore), densityMiB(availAfter), densityMiB(availBefore-availAfter)/float64(n))
 	if sup > 1 {
 		t.Errorf("%d supervisors for one server", sup)
 	}
 }
 
-type kindStat struct {
+type densityKind struct {
 	n      int
 	pss    int64
 	sample string // smaps_rollup of the first process of the kind
 }
 
-func mib(b int64) float64 { return float64(b) / (1 << 20) }
+func densityMiB(b int64) float64 { return float64(b) / (1 << 20) }
 
 // createIdle creates a sandbox that lives an hour, checks that it runs a
 // command, and returns its id.
-func createIdle(t *testing.T, api func(string, string, any, any) (int, error), rt string) string {
+func densityCreate(t *testing.T, api func(string, string, any, any) (int, error), rt string) string {
 	var sb struct{ ID string }
 	if _, err := api("POST", "/v1/sandboxes", map[string]any{"timeout": 3600, "runtime": rt}, &sb); err != nil {
 		t.Error(err)
@@ -241,7 +241,7 @@ func createIdle(t *testing.T, api func(string, string, any, any) (int, error), r
 }
 
 // pss is the process's proportional set size in bytes, 0 if it is gone.
-func pss(pid int) int64 {
+func densityPSS(pid int) int64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 	if err != nil {
 		return 0
@@ -258,7 +258,7 @@ func pss(pid int) int64 {
 }
 
 // memAvailable is MemAvailable of /proc/meminfo in bytes.
-func memAvailable(t *testing.T) int64 {
+func densityMemAvailable(t *testing.T) int64 {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		t.Fatal(err)
@@ -273,7 +273,7 @@ func memAvailable(t *testing.T) int64 {
 	return 0
 }
 
-func allPids() []int {
+func densityPids() []int {
 	ents, _ := os.ReadDir("/proc")
 	var out []int
 	for _, e := range ents {
@@ -284,19 +284,19 @@ func allPids() []int {
 	return out
 }
 
-func cmdline(pid int) []string {
+func densityCmdline(pid int) []string {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 }
 
-func comm(pid int) string {
+func densityComm(pid int) string {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 	return strings.TrimSpace(string(b))
 }
 
 // firstVerb is the first argument that is not a flag or its value, for
 // telling `corral shim` from `runc run`.
-func firstVerb(args []string) string {
+func densityVerb(args []string) string {
 	for _, a := range args[1:] {
 		switch a {
 		case "shim", "run", "create", "boot", "gofer", "init":
