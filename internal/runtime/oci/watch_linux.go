@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,19 +21,15 @@ type initWatch struct {
 
 // watchInit opens a pidfd of pid, the init of sandbox id, and closes the
 // watch's done when it exits. A pid names a process only while it runs:
-// the pidfd is checked, after it was opened, to refer to a process in
-// the sandbox's cgroup, so a pid reused by another process after the
-// sandbox's init died is never watched in its place.
+// the caller makes sure pid still was the init after the pidfd was
+// opened (see watchOf), so that a pid reused by another process after
+// the sandbox's init died is never watched in its place.
 func (d *Driver) watchInit(id string, pid int) (*initWatch, error) {
 	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("pidfd of %s init %d: %w", id, pid, err)
 	}
 	f := os.NewFile(uintptr(fd), "pidfd")
-	if !inCgroup(pid, d.cgroupPath(id)) {
-		f.Close()
-		return nil, fmt.Errorf("pid %d is not in the cgroup of %s", pid, id)
-	}
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
@@ -65,27 +60,6 @@ func (w *initWatch) exited() bool {
 	}
 }
 
-// inCgroup reports whether process pid is in cgroup path (in the memory
-// or, on cgroup v2, the unified hierarchy).
-func inCgroup(pid int, path string) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if parts[1] == "memory" || parts[1] == "" {
-			if p := parts[2]; p == path || strings.HasPrefix(p, path+"/") {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // watchOf returns the init watch of sandbox id, making one for a
 // sandbox this instance did not start (adopted after a restart) from the
 // runtime's state. It returns nil when the sandbox has no running (or
@@ -100,12 +74,27 @@ func (d *Driver) watchOf(ctx context.Context, id string) *initWatch {
 	if d.held(id) != nil {
 		return nil
 	}
-	st, err := d.binary(d.runtimeOf(id)).State(ctx, id)
-	if err != nil || st.Pid <= 0 || (st.Status != "running" && st.Status != "created" && st.Status != "paused") {
+	rc := d.binary(d.runtimeOf(id))
+	alive := func() int {
+		st, err := rc.State(ctx, id)
+		if err != nil || st.Pid <= 0 || (st.Status != "running" && st.Status != "created" && st.Status != "paused") {
+			return 0
+		}
+		return st.Pid
+	}
+	pid := alive()
+	if pid == 0 {
 		return nil
 	}
-	w, err = d.watchInit(id, st.Pid)
+	w, err := d.watchInit(id, pid)
 	if err != nil {
+		return nil
+	}
+	// The runtime still reports pid as the running init after the pidfd
+	// was opened: the init ran from before the first reading to after
+	// this one, so the pidfd is of the init, not of a process that got
+	// its pid after it died (the runtime checks the process's start time).
+	if alive() != pid {
 		return nil
 	}
 	d.mu.Lock()
