@@ -13,8 +13,11 @@ DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certif
 
 .PHONY: run test build deps e2b-deps mcp-deps code-interpreter vet bench proto clean
 
+# corral-agent, beside corral, is the lean agent and supervisor the server
+# runs beside and inside sandboxes (docs/performance.md, "Idle sandbox density").
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/corral
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(dir $(BIN))corral-agent ./cmd/corral-agent
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \

@@ -1,28 +1,26 @@
 package main
 
 import (
+	"os"
+
 	"github.com/spf13/cobra"
 
 	"github.com/corralhq/corral/internal/agent"
 )
 
 // newAgentCmd is `corral agent`, the in-sandbox daemon. corral starts it as
-// PID 1 of every sandbox; it is not meant to be run by hand.
+// PID 1 of every sandbox (the lean corral-agent binary serves it too, and
+// is preferred when installed); it is not meant to be run by hand. Its
+// flags are agent.Command's.
 func newAgentCmd() *cobra.Command {
-	var cfg agent.Config
-	cmd := &cobra.Command{
-		Use:    "agent",
-		Short:  "Run the in-sandbox agent (started by corral inside each sandbox)",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return agent.Main(cmd.Context(), cfg)
+	return &cobra.Command{
+		Use:                "agent [--socket PATH] [--default-user USER] [--token-file FILE] [--max-upload BYTES]",
+		Short:              "Run the in-sandbox agent (started by corral inside each sandbox)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			os.Exit(agent.Command(args, os.Stderr))
+			return nil
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&cfg.Socket, "socket", "/run/corral/agent.sock", "unix socket to serve the agent API on")
-	f.StringVar(&cfg.DefaultUser, "default-user", "user", "user for requests that name none")
-	f.StringVar(&cfg.TokenFile, "token-file", "", "file holding the access token (no token: no access check)")
-	f.Int64Var(&cfg.MaxUpload, "max-upload", 100<<20, "maximum size of one file upload request in bytes")
-	return cmd
 }

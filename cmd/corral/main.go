@@ -16,7 +16,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServeCmd(), newAgentCmd(), newShimCmd())
+	root.AddCommand(newServeCmd(), newAgentCmd(), newSupervisorCmd())
 	addClientCommands(root)
 	if err := root.Execute(); err != nil {
 		var ec exitCoder

@@ -11,9 +11,9 @@ import (
 // holds close-on-exec. Go opens its own descriptors close-on-exec, but
 // one the process inherited (a lock its supervisor took, a socket of a
 // service manager, a pipe of a test harness) is not, and Go's os/exec
-// passes such descriptors to every child: each sandbox's shim and
-// runtime would hold it for the sandbox's life, a shim that outlives the
-// server would keep a lock taken for the server, and a descriptor could
+// passes such descriptors to every child: the sandboxes' supervisor and
+// each runtime would hold it, a supervisor that outlives the server
+// would keep a lock taken for the server, and a descriptor could
 // reach a process that runs beside untrusted code. It defends against
 // that leak; the server itself keeps the descriptors open.
 func keepInheritedFDs() error {

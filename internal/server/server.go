@@ -80,8 +80,10 @@ type Config struct {
 	// KillOnShutdown kills every sandbox when the server stops; otherwise
 	// they keep running and the next start adopts them.
 	KillOnShutdown bool
-	// AgentBinary is the static corral binary run as each sandbox's agent
-	// (default: the running executable).
+	// AgentBinary is the static binary run as each sandbox's agent and as
+	// the sandboxes' supervisor: corral, or the lean corral-agent (default:
+	// corral-agent beside the running executable if it is there, else the
+	// running executable).
 	AgentBinary string
 	// Progress receives the base template build's progress display.
 	Progress io.Writer
@@ -352,6 +354,8 @@ type Server struct {
 	stopBuild     func() // cancels a background code-interpreter build and waits for it
 
 	templates *registry.Registry
+	// driver runs the sandboxes; Close closes it.
+	driver *oci.Driver
 }
 
 // IDRange is the host uid/gid range the server's sandboxes map to.
@@ -565,7 +569,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey, Templates: reg, Volumes: volSvc,
 		Usage: meter}, mgr, st, cfg.Log)
 	meter.Start()
-	return &Server{cfg: cfg, Store: st, Manager: mgr, Volumes: volSvc, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
+	return &Server{cfg: cfg, driver: drv, Store: st, Manager: mgr, Volumes: volSvc, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
 		Redactor: red, Governor: gov, Watchdog: wd, Usage: meter, stopWatchdog: wcancel, templates: reg, summary: sum,
 		stopRetention: func() { rcancel(); <-rdone }, stopBuild: stopBuild}, nil
 }
@@ -631,6 +635,9 @@ func (s *Server) Close(ctx context.Context) error {
 	s.stopBuild()
 	s.Manager.Shutdown(ctx, s.cfg.KillOnShutdown)
 	var errs []error
+	if err := s.driver.Close(); err != nil {
+		errs = append(errs, err)
+	}
 	if s.Gateway != nil {
 		if err := s.Gateway.Close(); err != nil {
 			errs = append(errs, err)
@@ -865,9 +872,13 @@ func checkTemplateBase(t template.Template, r idrange.Range) error {
 	return nil
 }
 
-// installAgent copies the running (static) binary into the data dir, from
-// where it is bind-mounted read-only into sandboxes. The copy lives on a
-// path sandbox root can traverse, unlike a binary under /root.
+// installAgent copies the agent binary into the data dir, from where it
+// is bind-mounted read-only into sandboxes. The copy lives on a path
+// sandbox root can traverse, unlike a binary under /root. Without one
+// configured it is the lean corral-agent installed beside the running
+// binary (an idle agent costs the host less memory: docs/performance.md,
+// "Idle sandbox density") or, if there is none, the running binary
+// itself (corral agent).
 func installAgent(bin, dataDir string) (string, error) {
 	if bin == "" {
 		self, err := os.Executable()
@@ -875,8 +886,19 @@ func installAgent(bin, dataDir string) (string, error) {
 			return "", err
 		}
 		bin = self
+		if lean := filepath.Join(filepath.Dir(self), LeanAgentName); isExecutable(lean) {
+			bin = lean
+		}
 	}
 	return InstallAgentBinary(bin, dataDir)
+}
+
+// LeanAgentName is the lean agent binary's name (cmd/corral-agent).
+const LeanAgentName = "corral-agent"
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }
 
 // InstallAgentBinary copies bin to DATA/bin/corral-agent (atomically).

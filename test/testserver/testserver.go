@@ -25,8 +25,12 @@ import (
 
 // Server is a running test control plane.
 type Server struct {
-	// Bin is the static corral binary (agent, shim and CLI).
+	// Bin is the static corral binary (the CLI; it can serve as agent
+	// and supervisor too).
 	Bin string
+	// AgentBin is the lean agent binary (cmd/corral-agent) the server
+	// runs as each sandbox's agent and as the sandboxes' supervisor.
+	AgentBin string
 	// Tmp is the scratch directory holding Bin and DataDir.
 	Tmp string
 	// DataDir is the server's data directory.
@@ -67,11 +71,14 @@ func StartWith(cmdDir string, level slog.Level, configure func(*server.Config)) 
 		return nil, err
 	}
 	s := &Server{Tmp: tmp, Bin: filepath.Join(tmp, "corral"), DataDir: filepath.Join(tmp, "data")}
-	cmd := exec.Command("go", "build", "-o", s.Bin, cmdDir)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		os.RemoveAll(tmp)
-		return nil, fmt.Errorf("build corral: %v: %s", err, b)
+	s.AgentBin = filepath.Join(tmp, "corral-agent")
+	for bin, dir := range map[string]string{s.Bin: cmdDir, s.AgentBin: filepath.Join(filepath.Dir(cmdDir), "corral-agent")} {
+		cmd := exec.Command("go", "build", "-o", bin, dir)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			os.RemoveAll(tmp)
+			return nil, fmt.Errorf("build %s: %v: %s", dir, err, b)
+		}
 	}
 	ids, err := CopyIDFiles(filepath.Join(tmp, "etc"))
 	if err != nil {
@@ -80,7 +87,7 @@ func StartWith(cmdDir string, level slog.Level, configure func(*server.Config)) 
 	}
 	cfg := server.Config{
 		IDFiles: ids,
-		DataDir: s.DataDir, AgentBinary: s.Bin, Progress: os.Stderr, MaxOutput: 64 << 10,
+		DataDir: s.DataDir, AgentBinary: s.AgentBin, Progress: os.Stderr, MaxOutput: 64 << 10,
 		KillOnShutdown: true, Admission: govern.AdmissionConfig{MaxConcurrent: 20},
 		// Some attack tests burn CPU for longer than the default 30 s
 		// runaway limit under gVisor's ptrace platform; the watchdog's

@@ -141,3 +141,19 @@ func closeConn(c net.Conn) {
 		c.Close()
 	}
 }
+
+// Sh runs script with /bin/sh -c as user ("" for the default user) in
+// sandbox id through d.Dial, for a driver's own tests beside the suite.
+// It returns the trimmed standard output and an error unless the command
+// exited 0.
+func Sh(d runtime.Driver, id, token, user, script string) (string, error) {
+	res := newAgent(d, id, token).run(context.Background(), user, script)
+	if !res.exitOK() {
+		return strings.TrimSpace(res.Stdout), fmt.Errorf("%q as %q: %s", script, orDefault(user), res)
+	}
+	return strings.TrimSpace(res.Stdout), nil
+}
+
+// Config returns a Config of a fresh id for s with the suite's base
+// limits, for a driver's own tests beside the suite.
+func Config(t *testing.T, s Setup) runtime.Config { return config(t, s, baseResources) }

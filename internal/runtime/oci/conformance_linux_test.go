@@ -18,6 +18,7 @@ import (
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/runtime/drivertest"
 	"github.com/corralhq/corral/internal/template"
+	"golang.org/x/sys/unix"
 )
 
 // TestConformance runs the driver conformance suite (package drivertest)
@@ -51,6 +52,16 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(startHelper())
+	}
+	// This process stands for a host init that does not reap: orphans
+	// that escape corral's supervisor are reparented here and stay
+	// zombies, which TestNoZombies looks for.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "set child subreaper:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	if confTmp != "" {
 		os.RemoveAll(confTmp)
@@ -86,8 +97,9 @@ func buildConfEnv() (confEnv, error) {
 	if err := os.Chmod(tmp, 0o711); err != nil {
 		return confEnv{}, err
 	}
-	agent := filepath.Join(tmp, "corral")
-	cmd := exec.Command("go", "build", "-o", agent, "../../../cmd/corral")
+	// The lean agent binary, as a server installed by make runs.
+	agent := filepath.Join(tmp, "corral-agent")
+	cmd := exec.Command("go", "build", "-o", agent, "../../../cmd/corral-agent")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return confEnv{}, fmt.Errorf("build the agent: %v: %s", err, out)
@@ -123,6 +135,12 @@ func buildConfEnv() (confEnv, error) {
 
 // setup makes a driver over a fresh state dir.
 func (e confEnv) setup(t *testing.T, rt runtime.Runtime) drivertest.Setup {
+	s, _ := e.setupOpts(t, rt)
+	return s
+}
+
+// setupOpts is setup, also returning the driver's options.
+func (e confEnv) setupOpts(t *testing.T, rt runtime.Runtime) (drivertest.Setup, Options) {
 	state, err := os.MkdirTemp("", "corral-dt-state-")
 	if err != nil {
 		t.Fatal(err)
@@ -149,6 +167,11 @@ func (e confEnv) setup(t *testing.T, rt runtime.Runtime) drivertest.Setup {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() {
+			if err := d.Close(); err != nil {
+				t.Errorf("close driver: %v", err)
+			}
+		})
 		return d
 	}
 	return drivertest.Setup{
@@ -157,7 +180,7 @@ func (e confEnv) setup(t *testing.T, rt runtime.Runtime) drivertest.Setup {
 		RootFS:    e.rootfs,
 		Restart:   newDriver,
 		Leftovers: func(id string) []string { return leftovers(state, id) },
-	}
+	}, opts
 }
 
 // leftovers lists what the host holds of sandbox id of the driver over

@@ -22,6 +22,7 @@ import (
 	"github.com/corralhq/corral/internal/cgroups"
 	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/runtime"
+	"github.com/corralhq/corral/internal/supervisor"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,6 +60,12 @@ func RuntimeRoot(stateDir string, rt runtime.Runtime) string {
 	return filepath.Join("/run/corral", hex.EncodeToString(sum[:6]), string(rt))
 }
 
+// SupervisorSocket is the socket of the supervisor that reaps the
+// processes of the sandboxes of stateDir, beside their runtime roots.
+func SupervisorSocket(stateDir string) string {
+	return filepath.Join(filepath.Dir(RuntimeRoot(stateDir, runtime.Runc)), "supervisor", "supervisor.sock")
+}
+
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,39}$`)
 
 // Driver runs sandboxes with runc or runsc.
@@ -67,10 +74,15 @@ type Driver struct {
 	runc  *runc.Runc
 	runsc *runc.Runc
 
+	// sup runs the runtime's create command under the supervisor of
+	// this state dir (package supervisor), which reaps what it leaves.
+	sup *supervisor.Client
+
 	mu sync.Mutex
-	// exited holds, per sandbox this process started, a channel closed
-	// when the runtime's foreground process exits. Guarded by mu.
-	exited map[string]chan struct{}
+	// watches holds, per sandbox whose init this instance watches (it
+	// started it, or saw it alive since), the watch of its init. Guarded
+	// by mu.
+	watches map[string]*initWatch
 	// oom holds the last OOM-kill count seen per sandbox. Guarded by mu.
 	oom map[string]uint64
 	// waits holds the run-delay counter per sandbox, made by the first
@@ -107,13 +119,31 @@ func New(o Options) (*Driver, error) {
 	if _, err := os.Stat(o.AgentBinary); err != nil {
 		return nil, fmt.Errorf("oci driver: agent binary: %w", err)
 	}
-	d := &Driver{opts: o, exited: map[string]chan struct{}{}, oom: map[string]uint64{},
+	d := &Driver{opts: o, watches: map[string]*initWatch{}, oom: map[string]uint64{},
 		waits: map[string]*cgroups.WaitCounter{}}
+	d.sup = &supervisor.Client{Socket: SupervisorSocket(o.StateDir), Binary: o.AgentBinary}
 	d.runc = &runc.Runc{Command: o.RuncPath, Root: RuntimeRoot(o.StateDir, runtime.Runc), Setpgid: true}
 	d.runsc = &runc.Runc{Command: o.RunscPath, Root: RuntimeRoot(o.StateDir, runtime.GVisor), Setpgid: true, ExtraArgs: []string{
 		"--platform=" + o.RunscPlatform, "--network=none", "--host-uds=all",
 	}}
 	return d, nil
+}
+
+// Close lets the supervisor of the driver's state dir exit if it has no
+// sandbox left to reap (it stays otherwise, for the next control plane):
+// a control plane that shuts down calls it. The driver keeps working; a
+// later Start starts a supervisor again.
+func (d *Driver) Close() error {
+	ents, err := os.ReadDir(d.opts.StateDir)
+	if err != nil {
+		return d.sup.Close()
+	}
+	for _, e := range ents {
+		if idPattern.MatchString(e.Name()) {
+			return d.sup.Close() // a sandbox is kept: the supervisor stays
+		}
+	}
+	return d.sup.CloseWait(5 * time.Second)
 }
 
 func (d *Driver) dir(id string) string { return filepath.Join(d.opts.StateDir, id) }
@@ -209,42 +239,30 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	}
 	t = ph.Mark(runtime.PhaseSpec, t)
 	rc := d.binary(cfg.Runtime)
-	// The runtime runs in the foreground as the sandbox's supervisor (as a
-	// containerd shim would): it reaps the sandbox's init and exits when
-	// the sandbox ends, so no zombie is left to a host init that may not
-	// reap, and the driver learns at once that the sandbox died. It gets
-	// its own process group so a Ctrl-C on the server does not reach it,
-	// and no parent-death signal, so sandboxes outlive a server restart.
-	exited := make(chan struct{})
-	d.mu.Lock()
-	d.exited[cfg.ID] = exited
-	d.mu.Unlock()
-	runErr := make(chan error, 1)
-	// corral shim -- <runtime> <global flags> run --bundle DIR ID
-	args := append([]string{"shim", "--", rc.Command}, runtimeGlobalArgs(rc)...)
-	args = append(args, "run", "--bundle", dir, "--pid-file", filepath.Join(dir, pidFileName), cfg.ID)
-	cmd := exec.Command(d.opts.AgentBinary, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start %s: %w", rc.Command, err)
-	}
-	go func() {
-		defer close(exited)
-		err := cmd.Wait()
-		logf.Close()
-		runErr <- err
-	}()
-	if err := d.waitAgent(ctx, cfg.ID, exited, ph, t); err != nil {
-		select {
-		case rerr := <-runErr:
-			if rerr != nil {
-				err = rerr
-			}
-		default:
+	// No process stays per sandbox: the runtime's create runs under the
+	// supervisor and exits, leaving the sandbox's processes to it (it
+	// reaps them, also across a control-plane restart); the init's
+	// stdout and stderr are agent.log. A pidfd watch tells when the init
+	// exits. The runtime gets its own process group (the supervisor sees
+	// to it), and no parent-death signal, so sandboxes outlive the server.
+	// <runtime> <global flags> create --bundle DIR --pid-file FILE ID
+	argv := append(append([]string{rc.Command}, runtimeGlobalArgs(rc)...),
+		"create", "--bundle", dir, "--pid-file", filepath.Join(dir, pidFileName), cfg.ID)
+	if !filepath.IsAbs(argv[0]) {
+		if argv[0], err = exec.LookPath(argv[0]); err != nil {
+			logf.Close()
+			return nil, fmt.Errorf("find %s: %w", rc.Command, err)
 		}
-		return nil, fmt.Errorf("%s run: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
+	}
+	// Not cancelled with ctx: a create left running could make the
+	// container after the cleanup below ran.
+	code, err := d.sup.Run(context.WithoutCancel(ctx), argv, logf)
+	logf.Close()
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit status %d", code)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s create: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
 	}
 	pid, err := readPidFile(filepath.Join(dir, pidFileName))
 	if err != nil {
@@ -255,10 +273,23 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 		}
 		pid = st.Pid
 	}
+	w, err := d.watchInit(cfg.ID, pid)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.watches[cfg.ID] = w
+	d.mu.Unlock()
+	if err := rc.Start(ctx, cfg.ID); err != nil {
+		return nil, fmt.Errorf("%s start: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
+	}
+	if err := d.waitAgent(ctx, cfg.ID, w.done, ph, t); err != nil {
+		return nil, fmt.Errorf("%s run: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
+	}
 	d.mu.Lock()
 	d.oom[cfg.ID] = 0
 	d.mu.Unlock()
-	go d.watchOOM(cfg.ID, exited)
+	go d.watchOOM(cfg.ID, w.done)
 	return &runtime.Handle{ID: cfg.ID, Pid: pid}, nil
 }
 
@@ -399,7 +430,7 @@ func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{
 		}
 		select {
 		case <-exited:
-			return errors.New("sandbox init exited")
+			return errInitExited
 		case <-ctx.Done():
 			return ctx.Err()
 		default:
@@ -536,21 +567,12 @@ func (d *Driver) sandboxInit(id string) (int, bool) {
 	return 0, false
 }
 
-// Alive reports whether the sandbox's init is running (or paused).
+// Alive reports whether the sandbox's init is running (or paused). It
+// reads the init's watch; only the first call on a sandbox this instance
+// did not start asks the runtime.
 func (d *Driver) Alive(id string) bool {
-	d.mu.Lock()
-	exited, ours := d.exited[id]
-	d.mu.Unlock()
-	if ours {
-		select {
-		case <-exited:
-			return false
-		default:
-			return true
-		}
-	}
-	st, err := d.binary(d.runtimeOf(id)).State(context.Background(), id)
-	return err == nil && (st.Status == "running" || st.Status == "created" || st.Status == "paused")
+	w := d.watchOf(context.Background(), id)
+	return w != nil && !w.exited()
 }
 
 // Pause freezes the sandbox with the cgroup freezer (runc/runsc pause).
@@ -673,9 +695,10 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 	rt := d.runtimeOf(id)
 	rc := d.binary(rt)
 	var errs []error
-	d.mu.Lock()
-	exited := d.exited[id]
-	d.mu.Unlock()
+	var exited <-chan struct{}
+	if w := d.watchOf(ctx, id); w != nil {
+		exited = w.done
+	}
 	if st, err := rc.State(ctx, id); err == nil {
 		if st.Status == "paused" {
 			// Frozen processes cannot act on SIGTERM; thaw them first.
@@ -697,11 +720,8 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 		select {
 		case <-exited:
 		case <-time.After(10 * time.Second):
-			errs = append(errs, fmt.Errorf("%s run of %s did not exit", rc.Command, id))
+			errs = append(errs, fmt.Errorf("init of %s did not exit", id))
 		}
-		d.mu.Lock()
-		delete(d.exited, id)
-		d.mu.Unlock()
 	}
 	dir := d.dir(id)
 	for _, m := range []string{filepath.Join(dir, "rootfs"), filepath.Join(dir, "disk"), filepath.Join(dir, "run")} {
@@ -724,13 +744,15 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 	// cannot record the sandbox again (adoptOOM checks it under mu).
 	d.mu.Lock()
 	delete(d.oom, id)
+	if len(errs) == 0 {
+		delete(d.watches, id)
+	}
 	d.mu.Unlock()
 	return errors.Join(errs...)
 }
 
-// waitEmpty waits until the sandbox's cgroup holds no process and, for a
-// sandbox this process started, the runtime's foreground process has
-// exited (it reaps the sandbox's processes), or until timeout.
+// waitEmpty waits until the sandbox's cgroup holds no process and its
+// init (when watched) has exited, or until timeout.
 func (d *Driver) waitEmpty(id string, exited <-chan struct{}, timeout time.Duration) {
 	g := cgroups.Open(d.cgroupPath(id))
 	deadline := time.Now().Add(timeout)

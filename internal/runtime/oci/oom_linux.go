@@ -42,10 +42,13 @@ func (d *Driver) watchOOM(id string, exited <-chan struct{}) {
 	}
 	if !cgroups.Unified() {
 		if efd, ok := registerOOMEvent(g); ok {
-			defer unix.Close(efd)
+			// Non-blocking, so the read waits in Go's netpoller: no
+			// thread per sandbox in the control plane.
+			f := os.NewFile(uintptr(efd), "oom-eventfd")
+			defer f.Close()
 			buf := make([]byte, 8)
 			for {
-				if _, err := unix.Read(efd, buf); err != nil && err != unix.EINTR {
+				if _, err := f.Read(buf); err != nil {
 					return
 				}
 				if !record(true) {
@@ -96,7 +99,7 @@ func registerOOMEvent(g cgroups.Group) (int, bool) {
 		return -1, false
 	}
 	defer ctl.Close()
-	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		return -1, false
 	}

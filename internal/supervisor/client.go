@@ -1,0 +1,205 @@
+package supervisor
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Client runs commands under the supervisor of one socket, starting the
+// supervisor when none serves it.
+type Client struct {
+	// Socket is the supervisor's unix socket. Its directory is made
+	// private to the caller's user (mode 0700).
+	Socket string
+	// Binary is the corral binary, run as `Binary supervisor --socket
+	// Socket` when no supervisor serves the socket.
+	Binary string
+}
+
+// Run runs argv under the supervisor with out as its stdout and stderr
+// and returns its exit code once it exited. The command keeps running
+// if ctx ends first (the caller gets ctx's error); the supervisor reaps
+// it.
+func (c *Client) Run(ctx context.Context, argv []string, out *os.File) (int, error) {
+	wd, _ := os.Getwd()
+	body, err := json.Marshal(request{Argv: argv, Env: os.Environ(), Dir: wd})
+	if err != nil {
+		return 0, err
+	}
+	if len(body) > maxRequest {
+		return 0, errors.New("supervisor request too large")
+	}
+	// A supervisor that was just exiting closes the connection before it
+	// starts anything: then a new one is started and asked again.
+	for attempt := 0; ; attempt++ {
+		code, started, err := c.run(ctx, body, out)
+		if started || attempt == 2 || ctx.Err() != nil {
+			return code, err
+		}
+	}
+}
+
+// run sends one request; started says whether the command started.
+func (c *Client) run(ctx context.Context, body []byte, out *os.File) (code int, started bool, err error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	defer stop()
+	if _, _, err := conn.WriteMsgUnix(frame(body), unix.UnixRights(int(out.Fd())), nil); err != nil {
+		return 0, false, fmt.Errorf("supervisor request: %w", err)
+	}
+	dec := json.NewDecoder(bufio.NewReader(conn))
+	var r reply
+	if err := dec.Decode(&r); err != nil {
+		return 0, false, fmt.Errorf("supervisor: %w", err)
+	}
+	if r.Error != "" {
+		return 0, true, fmt.Errorf("supervisor: %s", r.Error)
+	}
+	if err := dec.Decode(&r); err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return 0, true, fmt.Errorf("supervisor: wait for pid %d: %w", r.Pid, err)
+	}
+	return r.Code, true, nil
+}
+
+// Close asks the supervisor to exit if it has nothing to reap and no
+// other client: a control plane that closes calls it, so that an idle
+// supervisor does not outlive it (orphaned, it would stay). One that
+// still reaps sandboxes stays. No supervisor running is not an error.
+func (c *Client) Close() error {
+	_, err := c.exitIfIdle()
+	return err
+}
+
+// CloseWait is Close for a caller that holds no sandbox: it asks again
+// until the supervisor exits or wait passed, as the processes of the
+// sandboxes just stopped may not all be reaped yet.
+func (c *Client) CloseWait(wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		exited, err := c.exitIfIdle()
+		if err != nil || exited || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// exitIfIdle sends the request once; exited is true if the supervisor
+// exits or none runs.
+func (c *Client) exitIfIdle() (exited bool, err error) {
+	conn, err := c.connect()
+	if err != nil {
+		return true, nil
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write(frame([]byte(`{"exit_if_idle":true}`))); err != nil {
+		return false, fmt.Errorf("supervisor: %w", err)
+	}
+	var r reply
+	if err := json.NewDecoder(conn).Decode(&r); err != nil {
+		return false, fmt.Errorf("supervisor: %w", err)
+	}
+	if r.Error != "" {
+		return false, fmt.Errorf("supervisor: %s", r.Error)
+	}
+	return r.Exited, nil
+}
+
+// dial connects to the supervisor, starting it if none answers.
+func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
+	if conn, err := c.connect(); err == nil {
+		return conn, nil
+	}
+	dir := filepath.Dir(c.Socket)
+	if err := privateDir(dir); err != nil {
+		return nil, err
+	}
+	// One starter at a time: two control planes (or two driver
+	// instances) must not start two supervisors on one socket.
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("supervisor lock: %w", err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("supervisor lock: %w", err)
+	}
+	if conn, err := c.connect(); err == nil {
+		return conn, nil
+	}
+	cmd := exec.Command(c.Binary, "supervisor", "--socket", c.Socket)
+	// Its own session: no terminal signal or process-group kill of the
+	// control plane reaches it, and it outlives the control plane.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Dir = "/"
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start supervisor: %w", err)
+	}
+	// Reaped here when it exits while this process lives.
+	go func() { _ = cmd.Wait() }()
+	delay := time.Millisecond
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		conn, err := c.connect()
+		if err == nil {
+			return conn, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("supervisor did not start: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+func (c *Client) connect() (*net.UnixConn, error) {
+	return net.DialUnix("unix", nil, &net.UnixAddr{Name: c.Socket, Net: "unix"})
+}
+
+// privateDir makes dir (and its parents) and checks that it is a real
+// directory of this user that nobody else may enter: the supervisor runs
+// whatever reaches its socket, so the socket must not be reachable by
+// anyone else.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("supervisor dir: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("supervisor dir: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("supervisor dir %s is not a directory of uid %d", dir, os.Geteuid())
+	}
+	if st.Mode&0o077 != 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("supervisor dir: %w", err)
+		}
+	}
+	return nil
+}
