@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/corralhq/corral/internal/audit"
+	"github.com/corralhq/corral/internal/console"
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
@@ -57,6 +59,14 @@ type Config struct {
 	// Usage is the usage meter GET /v1/usage flushes before it reads
 	// (nil: the route reads what the store holds).
 	Usage *usage.Meter
+	// MaxEventStreamsPerKey is how many event streams (GET
+	// /v1/events/stream) one API key may hold open at once; more are
+	// refused with 429 too_many_streams (default
+	// DefaultMaxEventStreamsPerKey, 8).
+	MaxEventStreamsPerKey int
+	// EventHeartbeat is how often an idle event stream sends a comment
+	// and re-checks its key (default DefaultEventHeartbeat, 15 s).
+	EventHeartbeat time.Duration
 }
 
 // Server serves the API.
@@ -74,6 +84,8 @@ type Server struct {
 	templates *registry.Registry
 	// streams bounds the open streams per credential.
 	streams *streamLimit
+	// eventStreams bounds the open event streams per API key.
+	eventStreams *streamLimit
 	// handler is the routing with the progress deadlines around it.
 	handler http.Handler
 	// mcp holds the MCP sessions' state (mcp.go).
@@ -92,11 +104,17 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 	if cfg.StallTimeout == 0 {
 		cfg.StallTimeout = DefaultStallTimeout
 	}
+	if cfg.MaxEventStreamsPerKey <= 0 {
+		cfg.MaxEventStreamsPerKey = DefaultMaxEventStreamsPerKey
+	}
+	if cfg.EventHeartbeat <= 0 {
+		cfg.EventHeartbeat = DefaultEventHeartbeat
+	}
 	if cfg.Volumes == nil {
 		cfg.Volumes = volume.NewService(nil, st, nil, log)
 	}
 	s := &Server{cfg: cfg, mgr: mgr, vols: cfg.Volumes, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor, templates: cfg.Templates,
-		streams: newStreamLimit(cfg.MaxStreamsPerKey)}
+		streams: newStreamLimit(cfg.MaxStreamsPerKey), eventStreams: newStreamLimit(cfg.MaxEventStreamsPerKey)}
 	s.handler = progressDeadlines(cfg.StallTimeout, http.HandlerFunc(s.route))
 	s.agent = newAgentProxy(mgr, log)
 	s.ports = newPortProxy(mgr, log)
@@ -132,6 +150,11 @@ func (s *Server) routes() {
 	s.mux.Handle("PUT /v1/secrets/{name}", s.auth(s.putSecret))
 	s.mux.Handle("DELETE /v1/secrets/{name}", s.auth(s.deleteSecret))
 	s.mux.Handle("GET /v1/audit", s.auth(s.listAudit))
+	s.mux.Handle("GET /v1/events/stream", s.auth(s.eventStream))
+	s.mux.Handle("GET /v1/whoami", s.auth(s.whoami))
+	// The operator console's static files: no data; the page calls the
+	// API with the key its user signs in with (docs/console.md).
+	s.mux.Handle("GET /ui/", console.Handler())
 	s.mux.Handle("GET /v1/usage", s.auth(s.usageReport))
 	s.mux.Handle("GET /v1/sandboxes/{id}/metrics", s.auth(s.scoped(sandboxObject, s.sandboxMetrics)))
 	s.mux.Handle("GET /v1/sandboxes/{id}/processes", s.auth(s.scoped(sandboxObject, s.sandboxProcesses)))
@@ -216,6 +239,11 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/files" {
 		s.e2bSignedFiles(w, r)
 		return
+	}
+	if strings.HasPrefix(r.URL.Path, "/v1/") {
+		// Answers hold a team's records: no browser or proxy keeps them
+		// (the console reads them with the operator's key).
+		w.Header().Set("Cache-Control", "no-store")
 	}
 	s.mux.ServeHTTP(w, r)
 }
