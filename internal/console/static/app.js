@@ -262,6 +262,7 @@
     state.teamAll = false;
     state.lastEventId = 0;
     stopStream();
+    if (state.badgeOff) state.badgeOff();
     teardownView();
     showSignIn(msg || '');
   }
@@ -293,6 +294,12 @@
       } }, h('option', { value: 'own' }, 'own team'), h('option', { value: 'all', selected: state.teamAll }, 'every team'));
       append(who, [' · ', sel]);
     }
+    if (state.badgeOff) state.badgeOff();
+    let t = null;
+    const off = onEvent(ev => {
+      if (/^task\.(breaker_open|changed|ended)$/.test(ev.kind)) { clearTimeout(t); t = setTimeout(refreshIncidentBadge, 300); }
+    });
+    state.badgeOff = () => { clearTimeout(t); off(); state.badgeOff = null; };
     runStream();
     route();
     refreshIncidentBadge();
@@ -572,7 +579,7 @@
         const code = x.exit_code == null ? (x.ended_at ? '—' : 'running') : x.exit_code;
         return h('tr', { dataset: { command: x.id } },
           h('td', null, when(x.started_at)), h('td', { class: 'wrap mono' }, clip(x.command, 1000)),
-          h('td', { class: 'exit ' + (x.exit_code === 0 ? 'verdict-allowed' : 'verdict-refused') }, code),
+          h('td', { class: 'exit ' + (x.exit_code === 0 ? 'exit-ok' : x.exit_code == null ? '' : 'exit-bad') }, code),
           h('td', null, d == null ? '—' : d < 1000 ? d + ' ms' : dur(d)),
           h('td', { class: 'wide' }, x.user), h('td', { class: 'wide' }, bytes(x.stdout_bytes) + ' / ' + bytes(x.stderr_bytes)),
           h('td', { class: 'wide' }, x.timed_out ? 'timed out' : (x.end_reason || '')));
@@ -642,7 +649,7 @@
         const p = en.path || (path.replace(/\/$/, '') + '/' + en.name);
         rows.push(h('tr', { class: dir ? 'clickable' : null, dataset: { file: en.name }, onclick: dir ? () => listDir(p) : null },
           h('td', { class: 'wrap mono fname' }, en.name), h('td', null, dir ? 'dir' : String(en.type || '').replace('FILE_TYPE_', '').toLowerCase()),
-          h('td', null, dir ? '' : bytes(Number(en.size))),
+          h('td', null, dir ? '' : bytes(Number(en.size || 0))),
           h('td', null, dir ? '' : h('button', { type: 'button', dataset: { action: 'download' }, onclick: e => { e.stopPropagation(); download(p, en.name, e.target); } }, 'Download'))));
       }
       clear(files);
