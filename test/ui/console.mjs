@@ -144,6 +144,8 @@ async function main() {
     assert.equal(r.data.exit_code, 0, JSON.stringify(r.data));
     r = await run(a.id, 'i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo spun');
     assert.equal(r.data.exit_code, 0, JSON.stringify(r.data));
+    r = await run(a.id, 'nohup sleep 600 >/dev/null 2>&1 &');
+    assert.equal(r.data.exit_code, 0, JSON.stringify(r.data));
 
     step('the sandbox page: charts with limits, commands, processes');
     await page.click(`tr[data-id="${a.id}"] a`);
@@ -157,7 +159,7 @@ async function main() {
     // The record names the command as the agent ran it (bash -l -c ...).
     assert.ok(exits.some(e => e.endsWith('echo hello-from-console => 0')), exits.join('; '));
     assert.ok(exits.some(e => e.endsWith('sh -c "exit 3" => 3')), exits.join('; '));
-    await page.waitForSelector('#processes tbody tr', WAIT);
+    await page.waitForSelector('#processes td:text("sleep 600")', WAIT);
     await page.waitForSelector('#audit tr[data-kind="sandbox.created"]', WAIT);
     await page.waitForSelector('#audit tr[data-kind="command"]', WAIT);
 
@@ -174,7 +176,7 @@ async function main() {
     assert.equal(dl.suggestedFilename(), 'hello.txt');
     assert.equal(readFileSync(await dl.path(), 'utf8'), 'file content 42');
     await page.waitForTimeout(2500); // a few more one-second samples in the charts
-    await page.evaluate(() => window.scrollTo(0, 0));
+    await page.evaluate(() => { window.scrollTo(0, 0); document.getElementById('toast').hidden = true; });
     await page.screenshot({ path: join(SHOTS, 'sandbox-1280x800.png'), fullPage: false });
     await page.screenshot({ path: join(SHOTS, 'sandbox-1280x800-full.png'), fullPage: true });
 
@@ -269,7 +271,8 @@ async function main() {
     await ppage.waitForSelector(`tr[data-id="${b.id}"]`, WAIT);
     const overflow = await ppage.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
     assert.ok(overflow <= 1, 'the page does not scroll sideways on a phone: ' + overflow + ' px');
-    assert.ok(await ppage.locator(`tr[data-id="${b.id}"] button[data-action="kill"]`).isVisible(), 'kill reachable on a phone');
+    const killBox = await ppage.locator(`tr[data-id="${b.id}"] button[data-action="kill"]`).boundingBox();
+    assert.ok(killBox && killBox.x >= 0 && killBox.x + killBox.width <= 390, 'kill is on the phone\'s screen: ' + JSON.stringify(killBox));
     await ppage.screenshot({ path: join(SHOTS, 'sandboxes-390x844.png') });
     await ppage.click(`tr[data-id="${b.id}"] a`);
     await ppage.waitForFunction(() => document.querySelectorAll('#charts svg.chart polyline').length === 4, null, WAIT);

@@ -341,8 +341,14 @@
     (views[name] || viewSandboxes)(current, el, parts.slice(1));
   }
 
+  // table lays rows out under cols; each cell carries its column's name
+  // (data-label), which a phone-sized screen shows beside the value when
+  // it draws each row as a card.
   function table(cols, rows, empty) {
     if (!rows.length) return h('div', { class: 'scroll' }, h('div', { class: 'empty' }, empty || 'nothing to show'));
+    for (const tr of rows) {
+      Array.from(tr.children).forEach((td, i) => { if (cols[i] && cols[i].label) td.dataset.label = cols[i].label; });
+    }
     return h('div', { class: 'scroll' }, h('table', null,
       h('thead', null, h('tr', null, cols.map(c => h('th', { class: c.wide ? 'wide' : null }, c.label)))),
       h('tbody', null, rows)));
