@@ -29,6 +29,12 @@ const (
 	eventStreamRetryMS = 2000
 )
 
+// EndEventStreams ends every open event stream (and any opened later),
+// for a graceful shutdown: register it with http.Server.RegisterOnShutdown.
+// It defends against an open console tab holding a shutdown for its whole
+// timeout (a stream is never idle, so Shutdown would wait for it).
+func (s *Server) EndEventStreams() { s.endingOnce.Do(func() { close(s.ending) }) }
+
 // whoami serves GET /v1/whoami: the caller's team, role and key id and
 // name (never the key), for a client (the console) to show who it is
 // signed in as.
@@ -127,6 +133,8 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 		}
 		select {
 		case <-r.Context().Done():
+			return
+		case <-s.ending:
 			return
 		case <-written:
 		case <-heartbeat.C:

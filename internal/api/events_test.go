@@ -357,3 +357,38 @@ func TestEventStreamHeaders(t *testing.T) {
 		t.Fatalf("whoami: %d %+v Cache-Control %q", resp.StatusCode, who, resp.Header.Get("Cache-Control"))
 	}
 }
+
+// TestEventStreamEndsOnShutdown defends against an open console tab
+// holding a graceful shutdown for its whole timeout: an event stream is
+// never idle, so http.Server.Shutdown would wait for it; with
+// EndEventStreams registered (as internal/server does) Shutdown returns
+// before its deadline and the stream ends.
+func TestEventStreamEndsOnShutdown(t *testing.T) {
+	t.Parallel()
+	st, err := store.Open(filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.AddAPIKey(context.Background(), "alpha", alphaStreamKey, "alpha", store.RoleMember); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	al := audit.New(st, nil, log)
+	t.Cleanup(func() { al.Close(); st.Close() })
+	s := New(Config{Audit: al}, new(sandbox.Manager), st, log)
+	hs := httptest.NewUnstartedServer(s)
+	hs.Config.RegisterOnShutdown(s.EndEventStreams)
+	hs.Start()
+	defer hs.Close()
+	e := &streamEnv{t: t, st: st, audit: al, url: hs.URL}
+	_, strm, _ := e.open(alphaStreamKey, "", "")
+	e.record("alpha", "test.before_shutdown")
+	strm.next(t) // the handler is in its loop
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := hs.Config.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with an open event stream: %v", err)
+	}
+	for range strm.events {
+	}
+}

@@ -86,6 +86,9 @@ type Server struct {
 	streams *streamLimit
 	// eventStreams bounds the open event streams per API key.
 	eventStreams *streamLimit
+	// ending is closed by EndEventStreams: every event stream returns.
+	ending     chan struct{}
+	endingOnce sync.Once
 	// handler is the routing with the progress deadlines around it.
 	handler http.Handler
 	// mcp holds the MCP sessions' state (mcp.go).
@@ -114,7 +117,7 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 		cfg.Volumes = volume.NewService(nil, st, nil, log)
 	}
 	s := &Server{cfg: cfg, mgr: mgr, vols: cfg.Volumes, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor, templates: cfg.Templates,
-		streams: newStreamLimit(cfg.MaxStreamsPerKey), eventStreams: newStreamLimit(cfg.MaxEventStreamsPerKey)}
+		streams: newStreamLimit(cfg.MaxStreamsPerKey), eventStreams: newStreamLimit(cfg.MaxEventStreamsPerKey), ending: make(chan struct{})}
 	s.handler = progressDeadlines(cfg.StallTimeout, http.HandlerFunc(s.route))
 	s.agent = newAgentProxy(mgr, log)
 	s.ports = newPortProxy(mgr, log)
