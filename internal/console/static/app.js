@@ -568,7 +568,7 @@
         for (const x of (kids.get(pid) || []).sort((a, b) => a.pid - b.pid)) {
           rows.push(h('tr', null, h('td', null, x.pid), h('td', { class: 'wide' }, x.ppid), h('td', null, x.user || x.uid), h('td', { class: 'wide' }, x.state),
             h('td', null, num(x.cpu_seconds, 2)), h('td', null, bytes(x.rss_bytes)),
-            h('td', { class: 'wrap mono' }, '  '.repeat(depth) + (depth ? '└ ' : '') + clip(x.command, 400))));
+            h('td', { class: 'wrap mono tree' }, '  '.repeat(depth) + (depth ? '└ ' : '') + clip(x.command, 400))));
           if (depth < 32) walk(x.pid, depth + 1);
         }
       };
