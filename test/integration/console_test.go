@@ -37,7 +37,8 @@ const chromiumPath = "/usr/bin/chromium"
 // memory, disk and pids charts with their limits and lists its commands
 // with exit codes, its processes, its audit story and its files (a file
 // downloads with its content); a spent call budget shows as a tripped
-// breaker with its reason in the incident view, is reset from there
+// breaker with its reason in the incident view (as does the OOM kill of
+// a memory bomb in another sandbox), is reset from there
 // (closed in the API) and raised from the task view (raised in the API);
 // a sandbox killed from its page is ended; another team's key sees none
 // of the sandboxes, the task or the incidents; no page error or CSP

@@ -112,7 +112,7 @@ async function main() {
     const a = await must('POST', '/v1/sandboxes', { task: task.id, timeout: 900, metadata: { test: 'console', purpose: 'report-builder', run: 'nightly-42' } }, 201);
     result.sandbox = a.id;
     await page.waitForSelector(`tr[data-id="${a.id}"]`, WAIT);
-    const b = await must('POST', '/v1/sandboxes', { task: task.id, timeout: 900, metadata: { test: 'console', xss: XSS_META, name: XSS_META2 } }, 201);
+    const b = await must('POST', '/v1/sandboxes', { task: task.id, timeout: 900, resources: { memory_mb: 64 }, metadata: { test: 'console', xss: XSS_META, name: XSS_META2 } }, 201);
     result.xss_sandbox = b.id;
     await page.waitForSelector(`tr[data-id="${b.id}"]`, WAIT);
     assert.equal(await page.evaluate(() => window.__noReload), 1, 'the list updated without a reload');
@@ -146,6 +146,10 @@ async function main() {
     assert.equal(r.data.exit_code, 0, JSON.stringify(r.data));
     r = await run(a.id, 'nohup sleep 600 >/dev/null 2>&1 &');
     assert.equal(r.data.exit_code, 0, JSON.stringify(r.data));
+
+    step('a memory bomb in the other sandbox is killed (oom)');
+    r = await run(b.id, "python3 -c 'a=[]\nwhile True: a.append(bytearray(1<<20))'");
+    assert.equal(r.data.end_reason, 'oom', JSON.stringify(r.data));
 
     step('the sandbox page: charts with limits, commands, processes');
     await page.click(`tr[data-id="${a.id}"] a`);
@@ -192,6 +196,7 @@ async function main() {
     const reason = await page.textContent(`#tripped [data-task="${task.id}"] .reason`);
     assert.match(reason, /budget_exhausted \(max_calls\)/);
     await page.waitForSelector('#incidents tr[data-kind="task.breaker_open"]', WAIT);
+    await page.waitForSelector('#incidents tr[data-kind="watchdog.oom"]', WAIT);
     await page.waitForSelector('#incident-count:not([hidden])', WAIT);
     await page.screenshot({ path: join(SHOTS, 'incidents-1280x800.png') });
 
