@@ -220,6 +220,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		// port of the sandbox.
 		switch p := r.Header.Get("E2b-Sandbox-Port"); {
 		case p == "" || p == strconv.Itoa(EnvdPort):
+			isolateFiles(w, r.URL.Path)
 			s.e2bEnvd(w, r, id)
 		default:
 			port, err := strconv.Atoi(p)
@@ -233,6 +234,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	}
 	if port, id, ok := e2bHost(r.Host); ok {
 		if port == EnvdPort {
+			isolateFiles(w, r.URL.Path)
 			s.e2bEnvd(w, r, id)
 		} else {
 			s.sandboxPort(w, r, id, port)
@@ -240,6 +242,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path == "/files" {
+		isolateFiles(w, r.URL.Path)
 		s.e2bSignedFiles(w, r)
 		return
 	}
@@ -249,6 +252,22 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// isolateFiles marks an answer of the agent's /files route (a sandbox's
+// file, served on the API's origin, which is the console's) as a
+// sandboxed document that may not be sniffed. It defends against an
+// agent's HTML file run as a page of the console's origin — a signed
+// /files URL opened in the browser could otherwise show a fake sign-in
+// asking for the operator's key, or call the API from that origin: with
+// CSP sandbox the browser gives it an opaque origin and runs no script.
+func isolateFiles(w http.ResponseWriter, path string) {
+	if path != "/files" {
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Security-Policy", "sandbox; default-src 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
 }
 
 type ctxKey int
