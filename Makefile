@@ -8,10 +8,11 @@ BIN      := bin/corral
 DATA     ?= /var/lib/corral
 LISTEN   ?= 127.0.0.1:7420
 # Debian packages the server and the tests need (python3 and python3-venv:
-# the Python SDK is installed into a venv and tested, test/integration/python_test.go).
-DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates python3 python3-venv postgresql
+# the Python SDK is installed into a venv and tested, test/integration/python_test.go;
+# chromium: the console's browser test, test/integration/console_test.go).
+DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates python3 python3-venv postgresql chromium
 
-.PHONY: run test build deps e2b-deps mcp-deps code-interpreter vet bench proto clean
+.PHONY: run test build deps e2b-deps mcp-deps ui-deps code-interpreter vet bench proto clean
 
 # corral-agent, beside corral, is the lean agent and supervisor the server
 # runs beside and inside sandboxes (docs/performance.md, "Idle sandbox density").
@@ -41,6 +42,14 @@ mcp-deps:
 	@test -d test/mcp/node_modules/@modelcontextprotocol/sdk && cmp -s test/mcp/package-lock.json test/mcp/node_modules/.package-lock.json.src 2>/dev/null || \
 		{ npm ci --prefix test/mcp --no-audit --no-fund --loglevel=error && cp test/mcp/package-lock.json test/mcp/node_modules/.package-lock.json.src; }
 
+# playwright-core (npm, pinned in test/ui/package-lock.json) drives Debian's
+# chromium (DEB_PKGS) in the console's browser test (TestConsole). It
+# downloads no browser of its own.
+ui-deps:
+	@command -v node >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+	@test -d test/ui/node_modules/playwright-core && cmp -s test/ui/package-lock.json test/ui/node_modules/.package-lock.json.src 2>/dev/null || \
+		{ npm ci --prefix test/ui --no-audit --no-fund --loglevel=error && cp test/ui/package-lock.json test/ui/node_modules/.package-lock.json.src; }
+
 # The code-interpreter template the integration tests start, built only
 # when the cache (by content, under /var/cache/corral/templates) lacks it:
 # the build fetches Debian packages, the tests never do. It is built for
@@ -59,7 +68,7 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
-test: deps e2b-deps mcp-deps build code-interpreter vet
+test: deps e2b-deps mcp-deps ui-deps build code-interpreter vet
 	$(GO) test -count=1 -timeout 45m ./...
 
 bench: deps build

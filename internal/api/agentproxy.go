@@ -45,6 +45,7 @@ func (s *Server) agentRoute(w http.ResponseWriter, r *http.Request) {
 	r2.URL.Path = strings.TrimPrefix(r.URL.Path, prefix)
 	r2.URL.RawPath = ""
 	s.stripCredentials(r2, true)
+	isolateFiles(w, r2.URL.Path)
 	s.agent.ServeHTTP(w, r2)
 }
 

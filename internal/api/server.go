@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/corralhq/corral/internal/audit"
+	"github.com/corralhq/corral/internal/console"
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
@@ -57,6 +59,14 @@ type Config struct {
 	// Usage is the usage meter GET /v1/usage flushes before it reads
 	// (nil: the route reads what the store holds).
 	Usage *usage.Meter
+	// MaxEventStreamsPerKey is how many event streams (GET
+	// /v1/events/stream) one API key may hold open at once; more are
+	// refused with 429 too_many_streams (default
+	// DefaultMaxEventStreamsPerKey, 8).
+	MaxEventStreamsPerKey int
+	// EventHeartbeat is how often an idle event stream sends a comment
+	// and re-checks its key (default DefaultEventHeartbeat, 15 s).
+	EventHeartbeat time.Duration
 }
 
 // Server serves the API.
@@ -74,6 +84,11 @@ type Server struct {
 	templates *registry.Registry
 	// streams bounds the open streams per credential.
 	streams *streamLimit
+	// eventStreams bounds the open event streams per API key.
+	eventStreams *streamLimit
+	// ending is closed by EndEventStreams: every event stream returns.
+	ending     chan struct{}
+	endingOnce sync.Once
 	// handler is the routing with the progress deadlines around it.
 	handler http.Handler
 	// mcp holds the MCP sessions' state (mcp.go).
@@ -92,11 +107,17 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 	if cfg.StallTimeout == 0 {
 		cfg.StallTimeout = DefaultStallTimeout
 	}
+	if cfg.MaxEventStreamsPerKey <= 0 {
+		cfg.MaxEventStreamsPerKey = DefaultMaxEventStreamsPerKey
+	}
+	if cfg.EventHeartbeat <= 0 {
+		cfg.EventHeartbeat = DefaultEventHeartbeat
+	}
 	if cfg.Volumes == nil {
 		cfg.Volumes = volume.NewService(nil, st, nil, log)
 	}
 	s := &Server{cfg: cfg, mgr: mgr, vols: cfg.Volumes, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor, templates: cfg.Templates,
-		streams: newStreamLimit(cfg.MaxStreamsPerKey)}
+		streams: newStreamLimit(cfg.MaxStreamsPerKey), eventStreams: newStreamLimit(cfg.MaxEventStreamsPerKey), ending: make(chan struct{})}
 	s.handler = progressDeadlines(cfg.StallTimeout, http.HandlerFunc(s.route))
 	s.agent = newAgentProxy(mgr, log)
 	s.ports = newPortProxy(mgr, log)
@@ -132,6 +153,11 @@ func (s *Server) routes() {
 	s.mux.Handle("PUT /v1/secrets/{name}", s.auth(s.putSecret))
 	s.mux.Handle("DELETE /v1/secrets/{name}", s.auth(s.deleteSecret))
 	s.mux.Handle("GET /v1/audit", s.auth(s.listAudit))
+	s.mux.Handle("GET /v1/events/stream", s.auth(s.eventStream))
+	s.mux.Handle("GET /v1/whoami", s.auth(s.whoami))
+	// The operator console's static files: no data; the page calls the
+	// API with the key its user signs in with (docs/console.md).
+	s.mux.Handle("GET /ui/", console.Handler())
 	s.mux.Handle("GET /v1/usage", s.auth(s.usageReport))
 	s.mux.Handle("GET /v1/sandboxes/{id}/metrics", s.auth(s.scoped(sandboxObject, s.sandboxMetrics)))
 	s.mux.Handle("GET /v1/sandboxes/{id}/processes", s.auth(s.scoped(sandboxObject, s.sandboxProcesses)))
@@ -194,6 +220,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		// port of the sandbox.
 		switch p := r.Header.Get("E2b-Sandbox-Port"); {
 		case p == "" || p == strconv.Itoa(EnvdPort):
+			isolateFiles(w, r.URL.Path)
 			s.e2bEnvd(w, r, id)
 		default:
 			port, err := strconv.Atoi(p)
@@ -207,6 +234,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	}
 	if port, id, ok := e2bHost(r.Host); ok {
 		if port == EnvdPort {
+			isolateFiles(w, r.URL.Path)
 			s.e2bEnvd(w, r, id)
 		} else {
 			s.sandboxPort(w, r, id, port)
@@ -214,10 +242,32 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path == "/files" {
+		isolateFiles(w, r.URL.Path)
 		s.e2bSignedFiles(w, r)
 		return
 	}
+	if strings.HasPrefix(r.URL.Path, "/v1/") {
+		// Answers hold a team's records: no browser or proxy keeps them
+		// (the console reads them with the operator's key).
+		w.Header().Set("Cache-Control", "no-store")
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// isolateFiles marks an answer of the agent's /files route (a sandbox's
+// file, served on the API's origin, which is the console's) as a
+// sandboxed document that may not be sniffed. It defends against an
+// agent's HTML file run as a page of the console's origin — a signed
+// /files URL opened in the browser could otherwise show a fake sign-in
+// asking for the operator's key, or call the API from that origin: with
+// CSP sandbox the browser gives it an opaque origin and runs no script.
+func isolateFiles(w http.ResponseWriter, path string) {
+	if path != "/files" {
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Security-Policy", "sandbox; default-src 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
 }
 
 type ctxKey int

@@ -46,6 +46,9 @@ type Log struct {
 	closed    bool
 
 	observe func(*store.Event) // set by Observe before use
+
+	wmu     sync.Mutex
+	written chan struct{} // closed (and replaced) when a batch is stored; guarded by wmu
 }
 
 // Observe makes f see every event as it is recorded (redacted, before it
@@ -63,7 +66,7 @@ func New(st *store.Store, red *egress.Redactor, log *slog.Logger) *Log {
 	if log == nil {
 		log = slog.Default()
 	}
-	l := &Log{st: st, red: red, log: log, ch: make(chan item, QueueSize), done: make(chan struct{})}
+	l := &Log{st: st, red: red, log: log, ch: make(chan item, QueueSize), done: make(chan struct{}), written: make(chan struct{})}
 	go l.run()
 	return l
 }
@@ -125,6 +128,16 @@ func (l *Log) Stats() (queued int, writeFailures int64) {
 	return len(l.ch), l.failures.Load()
 }
 
+// Written returns a channel that is closed once the next batch of events
+// is stored. A follower takes it before it reads the store, so an event
+// stored after that read closes the channel it waits on and none is
+// missed (the event stream, GET /v1/events/stream).
+func (l *Log) Written() <-chan struct{} {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	return l.written
+}
+
 // Sync returns once every event recorded before it was called is stored.
 func (l *Log) Sync() {
 	l.mu.RLock()
@@ -176,6 +189,10 @@ func (l *Log) run() {
 				l.failures.Add(1)
 			}
 			batch = batch[:0]
+			l.wmu.Lock()
+			close(l.written)
+			l.written = make(chan struct{})
+			l.wmu.Unlock()
 		}
 		for _, s := range syncs {
 			close(s)

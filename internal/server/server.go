@@ -715,8 +715,14 @@ func IsLoopbackHost(host string) bool {
 // would cut every stream (commands, watches, downloads, WebSockets); the
 // API bounds each read and write instead (HTTPStallTimeout).
 func (s *Server) HTTPServer() *http.Server {
-	return &http.Server{Handler: s.Handler, ReadHeaderTimeout: s.cfg.HTTPHeaderTimeout,
+	hs := &http.Server{Handler: s.Handler, ReadHeaderTimeout: s.cfg.HTTPHeaderTimeout,
 		IdleTimeout: s.cfg.HTTPIdleTimeout, MaxHeaderBytes: maxHeaderBytes}
+	if a, ok := s.Handler.(*api.Server); ok {
+		// Event streams never go idle: end them, or Shutdown waits its
+		// whole timeout for an open console tab.
+		hs.RegisterOnShutdown(a.EndEventStreams)
+	}
+	return hs
 }
 
 // Run serves until ctx is done, then shuts down gracefully.

@@ -280,3 +280,13 @@ func appendEvents(ctx context.Context, tx *tx, evs []*Event) error {
 	}
 	return nil
 }
+
+// LastEventID returns the id of the newest stored event (0 when there is
+// none): where a follower that wants only new events starts.
+func (s *Store) LastEventID(ctx context.Context) (int64, error) {
+	var id sql.NullInt64
+	if err := s.db.QueryRowContext(ctx, `SELECT MAX(id) FROM events`).Scan(&id); err != nil {
+		return 0, fmt.Errorf("last event id: %w", err)
+	}
+	return id.Int64, nil
+}

@@ -299,3 +299,30 @@ func TestEventsTakeTheSandboxTask(t *testing.T) {
 		}
 	})
 }
+
+// TestLastEventID: where a follower that wants only new events starts
+// (GET /v1/events/stream without a cursor): 0 on an empty log, then the
+// id of the newest event, on each backend.
+func TestLastEventID(t *testing.T) {
+	eachBackend(t, func(t *testing.T, bk backend) {
+		ctx := context.Background()
+		s, err := Open(bk.addr(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if id, err := s.LastEventID(ctx); err != nil || id != 0 {
+			t.Fatalf("empty log: %d %v", id, err)
+		}
+		var last int64
+		for i := range 3 {
+			ev := &Event{Kind: "test.event", Data: []byte(`{"i":` + string(rune('0'+i)) + `}`)}
+			if last, err = s.AppendEvent(ctx, ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if id, err := s.LastEventID(ctx); err != nil || id != last || id == 0 {
+			t.Fatalf("after three events: %d %v, want %d", id, err, last)
+		}
+	})
+}
