@@ -371,6 +371,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err := keepInheritedFDs(); err != nil {
 		return nil, fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
 	}
+	if err := ensureKeyQuota("/proc", cfg.Admission.MaxConcurrent, cfg.Log); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
