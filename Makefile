@@ -12,7 +12,7 @@ LISTEN   ?= 127.0.0.1:7420
 # chromium: the console's browser test, test/integration/console_test.go).
 DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates python3 python3-venv postgresql chromium
 
-.PHONY: run test build deps e2b-deps mcp-deps ui-deps code-interpreter vet bench proto clean
+.PHONY: run test build deps e2b-deps mcp-deps ui-deps code-interpreter vet bench bench-deps proto clean
 
 # corral-agent, beside corral, is the lean agent and supervisor the server
 # runs beside and inside sandboxes (docs/performance.md, "Idle sandbox density").
@@ -71,7 +71,20 @@ vet:
 test: deps e2b-deps mcp-deps ui-deps build code-interpreter vet
 	$(GO) test -count=1 -timeout 45m ./...
 
-bench: deps build
+# Docker (Debian's docker.io) for the benchmarks' Docker baseline
+# (test/bench/docker_test.go starts its own daemon and stops it after).
+# Installed without starting its service: a policy-rc.d that refuses
+# service starts is put in place for the install when the host has none.
+bench-deps:
+	@command -v dockerd >/dev/null || { \
+		tmp_policy=""; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && tmp_policy=1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io; rc=$$?; \
+		if [ -n "$$tmp_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc; }
+
+# Results: bench-results/<UTC time>.json (or $$CORRAL_BENCH_OUT) and the
+# Markdown table on stdout; go run ./test/bench/report renders a file again.
+# CORRAL_BENCH_DENSITY=500 for the full density run (default 50).
+bench: deps bench-deps build
 	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./test/bench/
 	$(GO) test -run '^$$' -bench ProxyRequest -benchtime 500x ./internal/egress/
 	$(GO) test -run '^$$' -bench ProxyThroughput -benchtime 10x ./internal/egress/

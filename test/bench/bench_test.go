@@ -1,26 +1,14 @@
 package bench
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"math"
 	"os"
 	"os/exec"
-	"path/filepath"
-	goruntime "runtime"
-	"slices"
-	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/corralhq/corral/internal/idrange"
 	corral "github.com/corralhq/corral/sdk/go"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // trueArgv runs the command as a program without a shell.
@@ -34,7 +22,7 @@ func BenchmarkCreateFirstExec(b *testing.B) { benchCreateFirstExec(b, "runc") }
 func BenchmarkGVisorCreateFirstExec(b *testing.B) {
 	need(b)
 	if _, err := exec.LookPath("runsc"); err != nil {
-		b.Skip("runsc (gVisor) is not installed: apt-get install runsc")
+		skip(b, "runsc (gVisor) is not installed: apt-get install runsc")
 	}
 	benchCreateFirstExec(b, "gvisor")
 }
@@ -101,7 +89,7 @@ func BenchmarkCreateFirstExecPooled(b *testing.B) {
 func BenchmarkCreateFirstExecVolume(b *testing.B) {
 	c := client(b)
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		b.Skip("volumes need loop devices")
+		skip(b, "volumes need loop devices")
 	}
 	v, err := c.CreateVolume(context.Background(), fmt.Sprintf("bench-%d", time.Now().UnixNano()), 64)
 	if err != nil {
@@ -116,7 +104,7 @@ func BenchmarkCreateFirstExecVolume(b *testing.B) {
 func BenchmarkVolumeCreateDelete(b *testing.B) {
 	c := client(b)
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		b.Skip("volumes need loop devices")
+		skip(b, "volumes need loop devices")
 	}
 	ctx := context.Background()
 	s := newSamples(b)
@@ -145,6 +133,8 @@ func benchCreate(b *testing.B, opts corral.CreateOptions, before func()) {
 	c := client(b)
 	ctx := context.Background()
 	s := newSamples(b)
+	since := time.Now()
+	ids := make(map[string]bool, b.N)
 	for i := 0; i < b.N; i++ {
 		if before != nil {
 			b.StopTimer()
@@ -156,6 +146,7 @@ func benchCreate(b *testing.B, opts corral.CreateOptions, before func()) {
 		if err != nil {
 			b.Fatalf("create: %v", err)
 		}
+		ids[sb.ID] = true
 		res, err := sb.Run(ctx, "true", trueArgv)
 		s.stop()
 		kerr := sb.Kill(ctx)
@@ -165,6 +156,9 @@ func benchCreate(b *testing.B, opts corral.CreateOptions, before func()) {
 		}
 	}
 	s.report()
+	if benchName(b) == "CreateFirstExec" {
+		reportCreateTrace(b, c, since, ids)
+	}
 }
 
 // BenchmarkExecRoundTrip times one `true` run (SDK → server → agent and
@@ -216,63 +210,6 @@ func BenchmarkKill(b *testing.B) {
 	s.report()
 }
 
-// BenchmarkRawRuncRun is the baseline of BenchmarkCreateFirstExec: the
-// time of `runc run` of /bin/true in the same base template rootfs, to
-// completion (runc run deletes the container when its process exits).
-func BenchmarkRawRuncRun(b *testing.B) {
-	need(b)
-	r := newRawRunc(b)
-	bundle := r.bundle(b, "true", "/bin/true")
-	s := newSamples(b)
-	for i := 0; i < b.N; i++ {
-		cmd := r.cmd("run", "--bundle", bundle, r.newID())
-		var stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-		s.start()
-		err := cmd.Run()
-		s.stop()
-		if err != nil {
-			b.Fatalf("runc run: %v: %s", err, stderr.Bytes())
-		}
-	}
-	s.report()
-}
-
-// BenchmarkRawRuncExec is the baseline of BenchmarkExecRoundTrip: the time
-// of `runc exec <id> /bin/true` in a running container of the same rootfs.
-func BenchmarkRawRuncExec(b *testing.B) {
-	need(b)
-	r := newRawRunc(b)
-	bundle := r.bundle(b, "sleep", "/bin/sleep", "1000")
-	id := r.newID()
-	// Detached, the container keeps runc's stdio: use files, not pipes,
-	// or cmd.Run would wait for the container to close them.
-	logf, err := os.Create(filepath.Join(r.dir, id+".log"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := r.cmd("run", "-d", "--bundle", bundle, id)
-	cmd.Stderr = logf // stdin and stdout: /dev/null
-	if err := cmd.Run(); err != nil {
-		out, _ := os.ReadFile(logf.Name())
-		b.Fatalf("runc run -d: %v: %s", err, out)
-	}
-	s := newSamples(b)
-	for i := 0; i < b.N; i++ {
-		cmd := r.cmd("exec", id, "/bin/true")
-		var stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-		s.start()
-		err := cmd.Run()
-		s.stop()
-		if err != nil {
-			b.Fatalf("runc exec: %v: %s", err, stderr.Bytes())
-		}
-	}
-	s.report()
-}
-
 // client returns an SDK client of the shared server, or skips b.
 func client(b *testing.B) *corral.Client {
 	b.Helper()
@@ -289,199 +226,4 @@ func checkTrue(b *testing.B, res *corral.CommandResult, err error) {
 	if res.ExitCode != 0 {
 		b.Fatalf("run true: exit %d (%s), stderr %q", res.ExitCode, res.Status, res.Stderr)
 	}
-}
-
-// rawRunc runs containers of the base template's rootfs with runc directly,
-// with its own state root, outside corral.
-type rawRunc struct {
-	root   string // runc --root
-	dir    string // bundles and logs
-	rootfs string // the base template's rootfs (never written)
-}
-
-var containerSeq atomic.Int64
-
-func newRawRunc(b *testing.B) *rawRunc {
-	b.Helper()
-	rootfs, err := env.srv.TemplateRootFS("base")
-	if err != nil {
-		b.Fatalf("base template: %v", err)
-	}
-	dir := b.TempDir()
-	r := &rawRunc{root: filepath.Join(dir, "runcroot"), dir: dir, rootfs: rootfs}
-	// runc run deletes its container when the process exits; this catches
-	// any left by a failed iteration.
-	b.Cleanup(func() {
-		out, _ := r.cmd("list", "-q").Output()
-		for _, id := range strings.Fields(string(out)) {
-			_ = r.cmd("delete", "-f", id).Run()
-		}
-	})
-	return r
-}
-
-func (r *rawRunc) newID() string {
-	return fmt.Sprintf("corral-bench-%d-%d", os.Getpid(), containerSeq.Add(1))
-}
-
-func (r *rawRunc) cmd(args ...string) *exec.Cmd {
-	return exec.Command("runc", append([]string{"--root", r.root}, args...)...)
-}
-
-// bundle writes an OCI bundle named name that runs args and returns its
-// directory.
-//
-// The spec is the smallest one that runs the template the way corral does,
-// so the baseline pays for the same rootfs and namespaces. The template's
-// files belong to the base of the server's uid range (corral's sandbox
-// root; read from the rootfs' owner), so it uses the
-// user-namespace variant: container root mapped to that uid like in
-// corral's spec (rather than host root without a user namespace), with
-// pid, ipc, uts, mount and network namespaces, the root read-only and
-// corral's /proc, /dev and /sys mounts (a tmpfs on /dev, so runc creates
-// no device node in the template). It leaves out what corral adds on top:
-// the overlay and tmpfs writable layer, cgroup namespace and limits,
-// seccomp, capabilities, masked paths and the agent.
-func (r *rawRunc) bundle(b *testing.B, name string, args ...string) string {
-	b.Helper()
-	var st syscall.Stat_t
-	if err := syscall.Stat(r.rootfs, &st); err != nil {
-		b.Fatal(err)
-	}
-	idmap := []specs.LinuxIDMapping{{ContainerID: 0, HostID: st.Uid, Size: idrange.Count}}
-	ro := []string{"nosuid", "noexec", "nodev", "ro"}
-	spec := &specs.Spec{
-		Version: specs.Version,
-		Process: &specs.Process{
-			Args: args,
-			Env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-			Cwd:  "/",
-		},
-		Root:     &specs.Root{Path: r.rootfs, Readonly: true},
-		Hostname: "bench",
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: ro},
-		},
-		Linux: &specs.Linux{
-			UIDMappings: idmap,
-			GIDMappings: idmap,
-			Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
-				{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.UserNamespace},
-			},
-		},
-	}
-	data, err := json.MarshalIndent(spec, "", "  ")
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := filepath.Join(r.dir, name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	return dir
-}
-
-// samples records the wall time of each iteration's timed section.
-type samples struct {
-	b  *testing.B
-	d  []time.Duration
-	t0 time.Time
-}
-
-// newSamples stops b's timer: only the sections between start and stop
-// count.
-func newSamples(b *testing.B) *samples {
-	b.StopTimer()
-	b.ResetTimer()
-	return &samples{b: b, d: make([]time.Duration, 0, b.N)}
-}
-
-func (s *samples) start() {
-	s.b.StartTimer()
-	s.t0 = time.Now()
-}
-
-func (s *samples) stop() {
-	s.d = append(s.d, time.Since(s.t0))
-	s.b.StopTimer()
-}
-
-// report reports p50 and p95 in milliseconds (instead of ns/op) and keeps
-// them for the summary.
-func (s *samples) report() {
-	sorted := slices.Sorted(slices.Values(s.d))
-	res := result{n: len(sorted), p50: percentile(sorted, 50), p95: percentile(sorted, 95)}
-	s.b.ReportMetric(0, "ns/op")
-	s.b.ReportMetric(ms(res.p50), "p50-ms")
-	s.b.ReportMetric(ms(res.p95), "p95-ms")
-	// Benchmarks run one after another; the last run of each (the one
-	// with the requested b.N) is the one kept.
-	results[s.b.Name()] = res
-}
-
-// percentile returns the nearest-rank p-th percentile of sorted.
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
-	return sorted[max(i, 0)]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-type result struct {
-	n        int
-	p50, p95 time.Duration
-}
-
-// results holds each benchmark's percentiles by benchmark name.
-var results = map[string]result{}
-
-// summaryRows are the benchmarks of the summary table, in order.
-var summaryRows = []struct{ name, label string }{
-	{"BenchmarkCreateFirstExec", "corral create → first exec (runc)"},
-	{"BenchmarkGVisorCreateFirstExec", "corral create → first exec (gVisor)"},
-	{"BenchmarkExecRoundTrip", "corral exec round trip (runc)"},
-	{"BenchmarkKill", "corral kill (runc)"},
-	{"BenchmarkRawRuncRun", "raw `runc run` of /bin/true"},
-	{"BenchmarkRawRuncExec", "raw `runc exec` of /bin/true"},
-}
-
-// printSummary writes a Markdown table of the benchmarks that ran, and
-// corral's overhead over the raw runc baselines.
-func printSummary(w io.Writer) {
-	if len(results) == 0 {
-		return
-	}
-	b, _ := os.ReadFile("/proc/loadavg")
-	load := strings.Fields(string(b))
-	load = load[:min(3, len(load))]
-	fmt.Fprintf(w, "\ncorral benchmarks: %d CPUs, load average %s\n\n", goruntime.NumCPU(), strings.Join(load, " "))
-	fmt.Fprintln(w, "| benchmark | n | p50 ms | p95 ms |")
-	fmt.Fprintln(w, "|---|--:|--:|--:|")
-	for _, row := range summaryRows {
-		if r, ok := results[row.name]; ok {
-			fmt.Fprintf(w, "| %s | %d | %.1f | %.1f |\n", row.label, r.n, ms(r.p50), ms(r.p95))
-		}
-	}
-	ratio := func(label, corralName, rawName string) {
-		c, ok1 := results[corralName]
-		r, ok2 := results[rawName]
-		if ok1 && ok2 && r.p50 > 0 && r.p95 > 0 {
-			fmt.Fprintf(w, "| %s | | ×%.2f | ×%.2f |\n", label,
-				float64(c.p50)/float64(r.p50), float64(c.p95)/float64(r.p95))
-		}
-	}
-	ratio("create → first exec / raw runc run", "BenchmarkCreateFirstExec", "BenchmarkRawRuncRun")
-	ratio("exec round trip / raw runc exec", "BenchmarkExecRoundTrip", "BenchmarkRawRuncExec")
 }

@@ -1,0 +1,169 @@
+package bench
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corralhq/corral/test/bench/results"
+)
+
+// meta describes a latency benchmark in the results: its label, the
+// benchmark of the same run it is compared with, and its table group.
+type meta struct{ label, baseline, group string }
+
+// metas are the latency benchmarks by name (without "Benchmark").
+var metas = map[string]meta{
+	"CreateFirstExec":               {"corral create → first exec (runc)", "RawRuncRun", "cold"},
+	"RawRuncRun":                    {"raw `runc run` of /bin/true, same rootfs (overlay of the template, same uid shift)", "", "cold"},
+	"RawRuncRunCorralSpec":          {"raw `runc run` of /bin/true with corral's own spec (seccomp, caps, cgroup limits, masks)", "RawRuncRun", "cold"},
+	"RawRuncRunCorralSpecNoSeccomp": {"raw `runc run` of /bin/true with corral's spec without seccomp", "RawRuncRunCorralSpec", "cold"},
+	"RawRuncRunCorralSpecNoLimits":  {"raw `runc run` of /bin/true with corral's spec without cgroup limits", "RawRuncRunCorralSpec", "cold"},
+	"PairedCorral":                  {"paired: corral create → first exec (runc)", "PairedRunc", "paired"},
+	"PairedRunc":                    {"paired: raw `runc run` of /bin/true, same rootfs", "", "paired"},
+	"PairedDocker":                  {"paired: `docker run --rm --network none` of /bin/true, same rootfs", "PairedRunc", "paired"},
+	"DockerRun":                     {"`docker run --rm --network none` of /bin/true, same rootfs (`docker import`)", "RawRuncRun", "cold"},
+	"CreateFirstExecNetwork":        {"corral create → first exec, egress network (veth, nftables, proxy)", "CreateFirstExec", "cold"},
+	"CreateFirstExecSnapshot":       {"corral create → first exec from a snapshot", "CreateFirstExec", "cold"},
+	"CreateFirstExecVolume":         {"corral create → first exec with a volume", "CreateFirstExec", "cold"},
+	"GVisorCreateFirstExec":         {"corral create → first exec (gVisor)", "CreateFirstExec", "cold"},
+	"CreateFirstExecPooled":         {"corral create → first exec from a warm pool", "CreateFirstExec", "warm"},
+	"ExecRoundTrip":                 {"corral exec round trip of `true` (runc)", "RawRuncExec", "exec"},
+	"RawRuncExec":                   {"raw `runc exec` of /bin/true", "", "exec"},
+	"Kill":                          {"corral kill of an idle sandbox (runc)", "", "kill"},
+	"BreakdownMounts":               {"breakdown: corral's mounts alone (disk tmpfs, run tmpfs, overlay)", "CreateFirstExec", "breakdown"},
+	"BreakdownRuncCreate":           {"breakdown: `runc create`, corral's spec", "CreateFirstExec", "breakdown"},
+	"BreakdownRuncStart":            {"breakdown: `runc start`, corral's spec", "CreateFirstExec", "breakdown"},
+	"BreakdownRuncDelete":           {"breakdown: `runc delete` after exit, corral's spec", "CreateFirstExec", "breakdown"},
+	"BreakdownAgentReady":           {"breakdown: mounts + `runc run -d` of the agent, corral's spec, until its socket accepts", "CreateFirstExec", "breakdown"},
+	"CreateServerSide":              {"breakdown: corral create, server side (create_ms of the sandbox.created event: admission → started)", "CreateFirstExec", "breakdown"},
+	"VolumeCreateDelete":            {"volume create + delete (1 GiB, mkfs.ext4, loop)", "", "other"},
+}
+
+// store holds what the benchmarks measured, for the results file.
+var store struct {
+	sync.Mutex
+	order   []string
+	latency map[string]results.Latency
+	skipped map[string]string
+	burst   *results.Burst
+	density *results.Density
+}
+
+func benchName(b *testing.B) string { return strings.TrimPrefix(b.Name(), "Benchmark") }
+
+// skip records why b does not run and skips it.
+func skip(b *testing.B, reason string) {
+	b.Helper()
+	store.Lock()
+	if store.skipped == nil {
+		store.skipped = map[string]string{}
+	}
+	store.skipped[benchName(b)] = reason
+	store.Unlock()
+	b.Skip(reason)
+}
+
+// collect copies the measurements into r.
+func collect(r *results.Run) {
+	store.Lock()
+	defer store.Unlock()
+	for _, name := range store.order {
+		r.Benchmarks = append(r.Benchmarks, store.latency[name])
+	}
+	for name, reason := range store.skipped {
+		if _, ran := store.latency[name]; !ran {
+			r.Skipped = append(r.Skipped, results.Skip{Name: name, Reason: reason})
+		}
+	}
+	slices.SortFunc(r.Skipped, func(a, b results.Skip) int { return strings.Compare(a.Name, b.Name) })
+	r.Burst, r.Density = store.burst, store.density
+}
+
+// samples records the wall time of each iteration's timed section.
+type samples struct {
+	b  *testing.B
+	d  []time.Duration
+	t0 time.Time
+}
+
+// newSamples stops b's timer: only the sections between start and stop
+// count.
+func newSamples(b *testing.B) *samples {
+	b.StopTimer()
+	b.ResetTimer()
+	return &samples{b: b, d: make([]time.Duration, 0, b.N)}
+}
+
+func (s *samples) start() {
+	s.b.StartTimer()
+	s.t0 = time.Now()
+}
+
+func (s *samples) stop() {
+	s.add(time.Since(s.t0))
+	s.b.StopTimer()
+}
+
+// add records one sample measured by the caller.
+func (s *samples) add(d time.Duration) { s.d = append(s.d, d) }
+
+// report reports p50 and p95 in milliseconds (instead of ns/op) and keeps
+// the percentiles for the results. Benchmarks run one after another; the
+// last run of each (the one with the requested b.N) is the one kept.
+func (s *samples) report() { s.reportAs(benchName(s.b)) }
+
+// reportAs is report under another name (a benchmark measuring several
+// phases reports one result per phase).
+func (s *samples) reportAs(name string) {
+	sorted := slices.Sorted(slices.Values(s.d))
+	if len(sorted) == 0 {
+		return
+	}
+	var sum time.Duration
+	for _, d := range sorted {
+		sum += d
+	}
+	m := metas[name]
+	if phase, ok := strings.CutPrefix(name, "CreatePhase/"); ok {
+		m = meta{label: "breakdown: create phase `" + phase + "` (server's trace, phases_ms of sandbox.created)", baseline: "CreateFirstExec", group: "breakdown"}
+	}
+	if m.label == "" {
+		m = meta{label: name, group: "other"}
+	}
+	l := results.Latency{
+		Name: name, Label: m.label, Baseline: m.baseline, Group: m.group, N: len(sorted),
+		P50: ms(percentile(sorted, 50)), P95: ms(percentile(sorted, 95)), P99: ms(percentile(sorted, 99)),
+		Mean: ms(sum / time.Duration(len(sorted))), Min: ms(sorted[0]), Max: ms(sorted[len(sorted)-1]),
+	}
+	suffix := ""
+	if name != benchName(s.b) {
+		suffix = "-" + strings.TrimPrefix(strings.TrimPrefix(name, "Breakdown"), "Paired")
+	}
+	s.b.ReportMetric(0, "ns/op")
+	s.b.ReportMetric(l.P50, "p50-ms"+suffix)
+	s.b.ReportMetric(l.P95, "p95-ms"+suffix)
+	store.Lock()
+	defer store.Unlock()
+	if store.latency == nil {
+		store.latency = map[string]results.Latency{}
+	}
+	if _, ok := store.latency[name]; !ok {
+		store.order = append(store.order, name)
+	}
+	store.latency[name] = l
+}
+
+// percentile returns the nearest-rank p-th percentile of sorted.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
