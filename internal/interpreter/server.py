@@ -705,6 +705,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            # An unread body is left on the connection: the client must
+            # not send its next request on it.
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 

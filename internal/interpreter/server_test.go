@@ -115,6 +115,18 @@ func TestServerRefusals(t *testing.T) {
 			t.Errorf("%s: %d %q, want %d %q", tc.name, code, body, tc.code, tc.want)
 		}
 	}
+	// An oversized body is left unread: the answer must close the
+	// connection, or the client's next request on it meets EOF (seen as
+	// a flaky "POST /contexts: EOF" after the oversized case).
+	req, _ := http.NewRequest("POST", base+"/execute", strings.NewReader(`{"code": "`+strings.Repeat("x", 5000)+`"}`))
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Errorf("oversized body: %v", err)
+	} else {
+		resp.Body.Close()
+		if resp.StatusCode != 413 || !resp.Close {
+			t.Errorf("oversized body: %d, close %v; want 413 with Connection: close", resp.StatusCode, resp.Close)
+		}
+	}
 	if code, body := do("GET", "/contexts", ""); code != 200 || body != "[]" {
 		t.Errorf("contexts after refusals: %d %s", code, body)
 	}
