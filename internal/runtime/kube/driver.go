@@ -197,6 +197,7 @@ func (d *Driver) create(ctx context.Context, cfg runtime.Config, spec podSpec) (
 	p.Labels[LabelTeam] = labelValue(cfg.Team)
 	p.Labels[LabelState] = stateClaimed
 	p.Annotations[AnnotationClaimedBy] = d.replica()
+	p.Annotations[AnnotationTemplate] = cfg.Template
 	created, err := d.opts.Client.CoreV1().Pods(d.opts.Namespace).Create(ctx, p, metav1.CreateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("kube: create Pod of sandbox %s: %w", cfg.ID, err)

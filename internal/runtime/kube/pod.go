@@ -76,7 +76,8 @@ func templateName(ref string) string {
 }
 
 // podSpec is the part of a sandbox's Pod that depends on its Config: what
-// a pool Pod must share with a Start to serve it.
+// a pool Pod must share with a Start to serve it. Template is the
+// template's name (a pool serves every version of it the image holds).
 type podSpec struct {
 	Template        string
 	Runtime         runtime.Runtime
@@ -86,12 +87,12 @@ type podSpec struct {
 }
 
 func specOf(cfg runtime.Config) podSpec {
-	return podSpec{Template: cfg.Template, Runtime: cfg.Runtime, Resources: cfg.Resources,
+	return podSpec{Template: templateName(cfg.Template), Runtime: cfg.Runtime, Resources: cfg.Resources,
 		DefaultUser: cfg.DefaultUser, NoNewPrivileges: cfg.NoNewPrivileges}
 }
 
 func (p Pool) spec() podSpec {
-	return podSpec{Template: p.Template, Runtime: p.Runtime, Resources: p.Resources,
+	return podSpec{Template: templateName(p.Template), Runtime: p.Runtime, Resources: p.Resources,
 		DefaultUser: p.DefaultUser, NoNewPrivileges: p.NoNewPrivileges}
 }
 
@@ -118,7 +119,7 @@ func (s podSpec) key() string {
 // fresh agent waiting for init).
 func (d *Driver) newPod(name string, s podSpec, bootstrap string) *corev1.Pod {
 	o := &d.opts
-	tname := templateName(s.Template)
+	tname := s.Template
 	image := o.Images[tname]
 	if image == "" {
 		image = o.DefaultImage
@@ -174,7 +175,7 @@ func (d *Driver) newPod(name string, s podSpec, bootstrap string) *corev1.Pod {
 				LabelName: nameValue, LabelManagedBy: managedByValue,
 				LabelTemplate: labelValue(tname), LabelPool: s.key(),
 			},
-			Annotations: map[string]string{AnnotationTemplate: s.Template},
+			Annotations: map[string]string{},
 		},
 		Spec: corev1.PodSpec{
 			ServiceAccountName:            o.ServiceAccount,

@@ -63,7 +63,7 @@ func (d *Driver) claim(ctx context.Context, cfg runtime.Config, spec podSpec) (*
 			"labels": map[string]string{
 				LabelSandbox: cfg.ID, LabelTeam: labelValue(cfg.Team), LabelState: stateClaimed,
 			},
-			"annotations": map[string]string{AnnotationClaimedBy: d.replica()},
+			"annotations": map[string]string{AnnotationClaimedBy: d.replica(), AnnotationTemplate: cfg.Template},
 		}})
 		if err != nil {
 			return nil, err
