@@ -43,7 +43,7 @@ func countedDriver(b *testing.B, c *cluster, ns string, addr func(*corev1.Pod) s
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(d.Close)
+	b.Cleanup(func() { d.Close() })
 	return d
 }
 

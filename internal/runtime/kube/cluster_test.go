@@ -21,6 +21,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,6 +56,8 @@ type cluster struct {
 	config *rest.Config
 	client kubernetes.Interface
 	cmds   []*exec.Cmd
+	// exited is closed when that command ends.
+	exited map[string]chan struct{}
 	stop   chan struct{}
 	// node is the kwok node Pods are bound to.
 	node string
@@ -86,7 +89,7 @@ func testCluster(t testing.TB) *cluster {
 			clusterErr = err
 			return
 		}
-		for _, b := range []string{"etcd", "kube-apiserver", "kwok"} {
+		for _, b := range []string{"etcd", "kube-apiserver", "kwok", "kwok-stages.yaml"} {
 			if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 				if os.Geteuid() != 0 {
 					skipReason = fmt.Sprintf("the Kubernetes test binaries are not built (%s missing; run `make kube-tools`)", filepath.Join(dir, b))
@@ -121,7 +124,7 @@ func startCluster(assets string) (_ *cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{dir: dir, stop: make(chan struct{}), node: "kwok-node-0"}
+	c := &cluster{dir: dir, stop: make(chan struct{}), node: "kwok-node-0", exited: map[string]chan struct{}{}}
 	defer func() {
 		if err != nil {
 			c.shutdown()
@@ -169,7 +172,7 @@ func startCluster(assets string) (_ *cluster, err error) {
 		"--cert-dir", filepath.Join(dir, "certs"), "--token-auth-file", tokens, "--authorization-mode", "RBAC",
 		"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", saPub,
 		"--service-account-signing-key-file", saKey, "--service-cluster-ip-range", "10.96.0.0/24",
-		"--profiling=false", "--max-requests-inflight", "2000", "--max-mutating-requests-inflight", "1000"); err != nil {
+		"--endpoint-reconciler-type", "none", "--profiling=false", "--max-requests-inflight", "2000", "--max-mutating-requests-inflight", "1000"); err != nil {
 		return nil, err
 	}
 	c.config = &rest.Config{
@@ -195,10 +198,17 @@ current-context: t
 		return nil, err
 	}
 	if err := c.run(assets, "kwok", "--kubeconfig", kubeconfig, "--manage-all-nodes=true",
+		"--config", filepath.Join(assets, "kwok-stages.yaml"),
 		"--cidr", "10.244.0.0/16", "--node-ip", "10.244.255.254"); err != nil {
 		return nil, err
 	}
 	if err := c.addNode(); err != nil {
+		return nil, err
+	}
+	// The RuntimeClass of gVisor sandboxes (the RuntimeClass admission
+	// refuses Pods naming one that does not exist).
+	if _, err := c.client.NodeV1().RuntimeClasses().Create(context.Background(), &nodev1.RuntimeClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
 	go c.bind()
@@ -218,6 +228,9 @@ func (c *cluster) run(assets, name string, args ...string) error {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
 	c.cmds = append(c.cmds, cmd)
+	done := make(chan struct{})
+	c.exited[name] = done
+	go func() { cmd.Wait(); log.Close(); close(done) }()
 	return nil
 }
 
@@ -226,6 +239,13 @@ func (c *cluster) waitReady() error {
 	deadline := time.Now().Add(3 * time.Minute)
 	var last string
 	for time.Now().Before(deadline) {
+		select {
+		case <-c.exited["kube-apiserver"]:
+			last = "kube-apiserver exited"
+			deadline = time.Now()
+			continue
+		default:
+		}
 		req, _ := http.NewRequest(http.MethodGet, c.config.Host+"/readyz", nil)
 		req.Header.Set("Authorization", "Bearer "+c.config.BearerToken)
 		resp, err := hc.Do(req)
@@ -311,8 +331,7 @@ func (c *cluster) shutdown() {
 	for i := len(c.cmds) - 1; i >= 0; i-- {
 		cmd := c.cmds[i]
 		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
+		done := c.exited[filepath.Base(cmd.Path)]
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):

@@ -43,8 +43,9 @@ type Driver struct {
 	changed chan struct{}
 
 	// refill wakes the pool filler.
-	refill chan struct{}
-	wg     sync.WaitGroup
+	refill    chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // indexSandbox indexes Pods by their sandbox-id label.
@@ -106,12 +107,14 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 	return d, nil
 }
 
-// Close stops the watch and the pool filler. Pods are left running: a
-// new driver adopts them.
+// Close stops the watch and the pool filler (a second Close does
+// nothing). Pods are left running: a new driver adopts them.
 func (d *Driver) Close() error {
-	close(d.stopc)
-	d.factory.Shutdown()
-	d.wg.Wait()
+	d.closeOnce.Do(func() {
+		close(d.stopc)
+		d.factory.Shutdown()
+		d.wg.Wait()
+	})
 	return nil
 }
 
@@ -175,6 +178,8 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (*runtime.Handle
 	spec := specOf(cfg)
 	pod, err := d.claim(ctx, cfg, spec)
 	if err != nil {
+		// A claim may have succeeded before the wait failed.
+		_ = d.Stop(context.WithoutCancel(ctx), cfg.ID, 0)
 		return nil, err
 	}
 	if pod == nil {

@@ -96,7 +96,7 @@ func TestRBAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(d.Close)
+	t.Cleanup(func() { d.Close() })
 	waitPool(t, d, 1)
 	for _, id := range []string{"rbacbox1", "rbacbox2"} { // a claim, then a create
 		cfg := testConfig(id)
