@@ -143,7 +143,7 @@ func config(t *testing.T, s Setup, res runtime.Resources) runtime.Config {
 	return runtime.Config{
 		ID: newID(t), Runtime: s.Runtime, RootFS: s.RootFS, Resources: res,
 		Env: map[string]string{"CONFORMANCE": "yes"}, DefaultUser: "user",
-		AccessToken: newID(t),
+		AccessToken: newID(t) + newID(t), // 28 characters: a real token is 48 and agents on TCP refuse short ones
 	}
 }
 

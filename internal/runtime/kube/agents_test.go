@@ -155,11 +155,15 @@ func (a *agents) start(p *corev1.Pod) (*standIn, error) {
 		return nil, err
 	}
 	s.addr = fmt.Sprintf("127.0.0.1:%d", port)
-	script := `mount -t tmpfs -o size=64m,mode=755 tmpfs /home && mkdir -m 700 /home/user && chown 1000:1000 /home/user && exec "$0" "$@"`
+	// In the agent's own mount namespace: a private /home, and the
+	// sandbox's users in /etc/passwd and /etc/group (bind mounts the host
+	// never sees).
+	script := `mount -t tmpfs -o size=64m,mode=755 tmpfs /home && mkdir -m 700 /home/user && chown 1000:1000 /home/user && ` +
+		`mount --bind "$CORRAL_TEST_PASSWD" /etc/passwd && mount --bind "$CORRAL_TEST_GROUP" /etc/group && exec "$0" "$@"`
 	cmd := exec.Command("unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--propagation", "private",
-		"sh", "-c", script, a.bin, "agent", "--listen", s.addr, "--default-user", "user",
-		"--passwd-file", filepath.Join(a.dir, "passwd"), "--group-file", filepath.Join(a.dir, "group"))
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "CORRAL_AGENT_BOOTSTRAP_TOKEN=" + boot}
+		"sh", "-c", script, a.bin, "agent", "--listen", s.addr, "--default-user", "user")
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "CORRAL_AGENT_BOOTSTRAP_TOKEN=" + boot,
+		"CORRAL_TEST_PASSWD=" + filepath.Join(a.dir, "passwd"), "CORRAL_TEST_GROUP=" + filepath.Join(a.dir, "group")}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	log, err := os.Create(filepath.Join(a.dir, p.Name+".log"))
 	if err != nil {
@@ -200,7 +204,13 @@ func (a *agents) leftovers(c *cluster, ns, id string) []string {
 	for _, p := range l.Items {
 		left = append(left, "Pod "+p.Name)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	// While the Pod exists its agent runs; once it is gone, the agent's
+	// end may lag the API server by a moment (as a kubelet's teardown).
+	wait := 30 * time.Second
+	if len(left) > 0 {
+		wait = 0
+	}
+	deadline := time.Now().Add(wait)
 	for {
 		var running []string
 		a.mu.Lock()
