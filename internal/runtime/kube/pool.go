@@ -146,6 +146,8 @@ func (d *Driver) fillPool(ctx context.Context, pool Pool) {
 	}
 	sem := make(chan struct{}, refillParallel)
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var created []string
 	for range missing {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -153,9 +155,15 @@ func (d *Driver) fillPool(ctx context.Context, pool Pool) {
 			defer func() { <-sem; wg.Done() }()
 			p := d.newPod("corral-pool-"+idgen.Hex(6), spec, newBootstrap())
 			p.Labels[LabelState] = stateIdle
-			if _, err := d.opts.Client.CoreV1().Pods(d.opts.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
-				d.opts.Log.Warn("kube: create pool Pod", "template", pool.Template, "err", err)
+			if _, err := d.opts.Client.CoreV1().Pods(d.opts.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				if ctx.Err() == nil {
+					d.opts.Log.Warn("kube: create pool Pod", "template", pool.Template, "err", err)
+				}
+				return
 			}
+			mu.Lock()
+			created = append(created, p.Name)
+			mu.Unlock()
 		}()
 	}
 	wg.Wait()
@@ -164,14 +172,12 @@ func (d *Driver) fillPool(ctx context.Context, pool Pool) {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_ = d.waitFor(wctx, func() (bool, error) {
-		pods, _ := d.lister.Pods(d.opts.Namespace).List(sel)
-		n := 0
-		for _, p := range pods {
-			if p.Labels[LabelSandbox] == "" && p.DeletionTimestamp == nil {
-				n++
+		for _, name := range created {
+			if _, err := d.lister.Pods(d.opts.Namespace).Get(name); err != nil {
+				return false, nil
 			}
 		}
-		return n >= pool.Size, nil
+		return true, nil
 	})
 }
 
