@@ -12,7 +12,7 @@ LISTEN   ?= 127.0.0.1:7420
 # chromium: the console's browser test, test/integration/console_test.go).
 DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates python3 python3-venv postgresql chromium
 
-.PHONY: run test build deps e2b-deps mcp-deps ui-deps code-interpreter vet bench bench-deps proto clean
+.PHONY: run test build deps e2b-deps mcp-deps ui-deps code-interpreter kube-tools vet bench bench-deps proto clean
 
 # corral-agent, beside corral, is the lean agent and supervisor the server
 # runs beside and inside sandboxes (docs/performance.md, "Idle sandbox density").
@@ -61,6 +61,14 @@ code-interpreter: build
 	for f in subuid subgid passwd group; do cat /etc/$$f > $$tmp/etc/$$f 2>/dev/null || : > $$tmp/etc/$$f; done && \
 	$(BIN) template build-code-interpreter --data $$tmp/data --id-files $$tmp/etc; rc=$$?; rm -rf $$tmp; exit $$rc
 
+# kube-apiserver, etcd and kwok for the kube driver's tests
+# (internal/runtime/kube), built from the Go module proxy as pinned by
+# tools/kube/go.mod and cached by version under /var/cache/corral/kube
+# (outside the repository): the first run pays about 15 min on 2 cores,
+# later runs find the cache and build nothing.
+kube-tools:
+	GO=$(GO) tools/kube/build.sh
+
 run: deps build
 	$(BIN) serve --listen $(LISTEN) --data $(DATA)
 
@@ -68,7 +76,7 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
-test: deps e2b-deps mcp-deps ui-deps build code-interpreter vet
+test: deps e2b-deps mcp-deps ui-deps build code-interpreter kube-tools vet
 	$(GO) test -count=1 -timeout 45m ./...
 
 # Docker (Debian's docker.io) for the benchmarks' Docker baseline

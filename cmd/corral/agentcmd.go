@@ -14,7 +14,7 @@ import (
 // flags are agent.Command's.
 func newAgentCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:                "agent [--socket PATH] [--default-user USER] [--token-file FILE] [--max-upload BYTES]",
+		Use:                "agent [--socket PATH] [--default-user USER] [--token-file FILE] [--listen ADDR] [--max-upload BYTES]",
 		Short:              "Run the in-sandbox agent (started by corral inside each sandbox)",
 		Hidden:             true,
 		DisableFlagParsing: true,

@@ -27,13 +27,26 @@ func RequireToken(token string, next http.Handler) http.Handler {
 // authMiddleware enforces the access token when one is configured:
 // X-Access-Token on everything but GET /health; /files also accepts a v1
 // URL signature instead of the header.
+//
+// While the agent waits for its sandbox (a bootstrap token, init.go) only
+// GET /health and POST /init pass, and /init checks the bootstrap token
+// itself: the bootstrap token, which whoever can read the Pod's spec
+// knows, never grants a command, a file or a port.
 func (s *Server) authMiddleware(next http.Handler) http.Handler {
-	if s.token == "" {
+	if s.currentToken() == "" && !s.waiting() {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" {
 			next.ServeHTTP(w, r)
+			return
+		}
+		if r.URL.Path == agentproto.InitPath {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if s.waiting() {
+			writeJSONError(w, http.StatusUnauthorized, msgUnauthorized)
 			return
 		}
 		hdr := r.Header.Get(agentproto.AccessTokenHeader)
@@ -66,7 +79,14 @@ func (s *Server) authMiddleware(next http.Handler) http.Handler {
 }
 
 func (s *Server) tokenOK(t string) bool {
-	return subtle.ConstantTimeCompare([]byte(t), []byte(s.token)) == 1
+	return subtle.ConstantTimeCompare([]byte(t), []byte(s.currentToken())) == 1
+}
+
+// currentToken is the access token in force.
+func (s *Server) currentToken() string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.token
 }
 
 // checkSignature validates the signature query parameters of a /files
@@ -88,7 +108,7 @@ func (s *Server) checkSignature(r *http.Request, op string, now time.Time) strin
 		}
 		exp = &n
 	}
-	want := signature(q.Get("path"), op, q.Get("username"), s.token, exp)
+	want := signature(q.Get("path"), op, q.Get("username"), s.currentToken(), exp)
 	if subtle.ConstantTimeCompare([]byte(sig), []byte(want)) != 1 {
 		return msgInvalidSignature
 	}

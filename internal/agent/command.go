@@ -19,6 +19,7 @@ func Command(args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.Socket, "socket", "/run/corral/agent.sock", "unix socket to serve the agent API on")
 	fs.StringVar(&cfg.DefaultUser, "default-user", "user", "user for requests that name none")
 	fs.StringVar(&cfg.TokenFile, "token-file", "", "file holding the access token (no token: no access check)")
+	fs.StringVar(&cfg.Listen, "listen", "", "TCP address to serve on instead of --socket (a Kubernetes Pod's agent; needs --token-file or the bootstrap token in "+bootstrapEnv+")")
 	fs.Int64Var(&cfg.MaxUpload, "max-upload", 100<<20, "maximum size of one file upload request in bytes")
 	if err := fs.Parse(args); err != nil {
 		return 2

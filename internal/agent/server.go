@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -46,16 +47,31 @@ type Config struct {
 	// KEY=VALUE. When nil it is taken from the agent's own environment:
 	// each CORRAL_ENV_KEY=VALUE becomes KEY=VALUE.
 	Env []string
+	// Listen, when set, is a TCP address (host:port) Main serves on
+	// instead of Socket: the agent of a Kubernetes Pod, reached at the
+	// Pod IP. An agent on TCP refuses to start without a token.
+	Listen string
+	// BootstrapToken, when set, makes the agent wait for its sandbox: it
+	// answers nothing but GET /health and one POST /init authenticated
+	// with this token, which sets the sandbox's access token and
+	// environment (init.go). Main takes it from the environment variable
+	// CORRAL_AGENT_BOOTSTRAP_TOKEN and removes the variable.
+	BootstrapToken string
 }
 
 // Server is an agent instance: the process table, watchers and handlers.
 type Server struct {
-	cfg      Config
-	token    string
-	env      []string
-	procs    *procTable
-	watchers *watcherTable
-	idle     idleTrimmer
+	cfg Config
+	// mu guards token, env and bootstrap, which POST /init sets once.
+	mu sync.RWMutex
+	// token is the access token ("" for none); bootstrap is the token of
+	// POST /init while the agent waits for its sandbox ("" once done or
+	// when not in that mode).
+	token, bootstrap string
+	env              []string
+	procs            *procTable
+	watchers         *watcherTable
+	idle             idleTrimmer
 }
 
 const (
@@ -92,6 +108,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, errors.New("agent: token file is empty")
 		}
 	}
+	s.bootstrap = cfg.BootstrapToken
 	if cfg.Env != nil {
 		s.env = append([]string(nil), cfg.Env...)
 	} else {
@@ -134,6 +151,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /files", s.handleDownload)
 	mux.HandleFunc("POST /files", s.handleUpload)
 	mux.HandleFunc("GET "+agentproto.PortPath+"{port}", s.handlePort)
+	mux.HandleFunc("POST "+agentproto.InitPath, s.handleInit)
 	return s.idle.wrap(s.authMiddleware(s.asFileUser(mux)))
 }
 
@@ -170,7 +188,11 @@ func Main(ctx context.Context, cfg Config) error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("agent: PR_SET_DUMPABLE: %w", err)
 	}
-	if cfg.Socket == "" {
+	if v, ok := os.LookupEnv(bootstrapEnv); ok {
+		cfg.BootstrapToken = v
+		os.Unsetenv(bootstrapEnv)
+	}
+	if cfg.Socket == "" && cfg.Listen == "" {
 		return errors.New("agent: no socket path")
 	}
 	s, err := New(cfg)
@@ -179,6 +201,13 @@ func Main(ctx context.Context, cfg Config) error {
 	}
 	if err := forgetTokenFile(cfg.TokenFile); err != nil {
 		return err
+	}
+	if cfg.Listen != "" {
+		ln, err := listenTCP(cfg)
+		if err != nil {
+			return err
+		}
+		return s.serveMain(ctx, ln, "")
 	}
 	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o700); err != nil {
 		return fmt.Errorf("agent: socket dir: %w", err)
@@ -200,6 +229,13 @@ func Main(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("agent: chmod socket: %w", err)
 	}
 
+	return s.serveMain(ctx, ln, cfg.Socket)
+}
+
+// serveMain serves ln until ctx is done or, as PID 1, SIGTERM arrives
+// (every process of the sandbox is sent SIGTERM first); it removes socket,
+// when set, at the end.
+func (s *Server) serveMain(ctx context.Context, ln net.Listener, socket string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sigc := make(chan os.Signal, 1)
@@ -229,8 +265,10 @@ func Main(ctx context.Context, cfg Config) error {
 		debug.SetGCPercent(idleGCPercent)
 	}
 	debug.FreeOSMemory()
-	err = s.Serve(ctx, ln)
-	os.Remove(cfg.Socket)
+	err := s.Serve(ctx, ln)
+	if socket != "" {
+		os.Remove(socket)
+	}
 	return err
 }
 

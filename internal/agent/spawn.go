@@ -121,7 +121,7 @@ func (s *Server) processEnv(u *user, req map[string]string) []string {
 	set("HOME", u.Home)
 	set("USER", u.Name)
 	set("LOGNAME", u.Name)
-	for _, kv := range s.env {
+	for _, kv := range s.sandboxEnv() {
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
 			set(k, v)
 		}

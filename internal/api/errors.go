@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template/registry"
@@ -35,6 +36,7 @@ const (
 	CodeEnvSecret          = corral.CodeEnvSecretRefused
 	CodeNetworkUnavailable = corral.CodeNetworkUnavailable
 	CodeVolumesUnavailable = corral.CodeVolumesUnavailable
+	CodeNotSupported       = corral.CodeNotSupported
 	CodeForbidden          = corral.CodeForbidden
 )
 
@@ -125,6 +127,9 @@ func classify(err error) apiFailure {
 		return apiFailure{status: http.StatusNotFound, code: CodeNotFound, msg: "volume not found"}
 	case errors.Is(err, sandbox.ErrNotFound):
 		return apiFailure{status: http.StatusNotFound, code: CodeNotFound, msg: "sandbox not found"}
+	case errors.Is(err, runtime.ErrUnsupported):
+		return apiFailure{status: http.StatusNotImplemented, code: CodeNotSupported,
+			msg: "the server's runtime driver does not support this (a sandbox on Kubernetes cannot be paused, snapshotted, listed by process or given volumes)"}
 	case errors.Is(err, store.ErrNotFound):
 		// A record that went away during the call (a sandbox that ended
 		// while it was being paused, say).

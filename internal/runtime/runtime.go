@@ -71,6 +71,10 @@ type Config struct {
 	// Volumes are host directories (mounted volumes) bind-mounted
 	// read-write, nosuid and nodev.
 	Volumes []FileBind
+	// Template and Team name the sandbox's template (name or
+	// name:version) and owning team, for drivers that label what they
+	// start (the kube driver's Pod labels and image choice).
+	Template, Team string
 }
 
 // FileBind mounts the host file Source read-only at Destination.
@@ -169,6 +173,18 @@ type Driver interface {
 	// as it was: a paused sandbox stays paused). It returns the bytes
 	// copied.
 	Snapshot(ctx context.Context, id, dst string) (int64, error)
+}
+
+// ErrUnsupported is returned (wrapped) by a driver for an operation its
+// platform does not offer (Pause, NetNS or Snapshot of a Kubernetes Pod).
+var ErrUnsupported = errors.New("not supported by this runtime driver")
+
+// LossReporter is implemented by drivers whose sandboxes can end without
+// the control plane (a Kubernetes Pod evicted, its node lost). LostReason
+// says why sandbox id is gone or dead ("" when it does not know), so the
+// control plane can record it when it ends the sandbox.
+type LossReporter interface {
+	LostReason(id string) string
 }
 
 // Process is one process of a sandbox.

@@ -467,6 +467,8 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		NoNewPrivileges: sudoErr != nil,
 		DefaultUser:     firstNonEmpty(tv.Config.User, "user"),
 		AccessToken:     rec.AccessToken,
+		Template:        rec.Template,
+		Team:            rec.Team,
 	}
 	return rec, rc, nil
 }
@@ -1181,10 +1183,14 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		if !time.Now().Before(rec.ExpiresAt) {
 			reason = EndTTL
 		}
+		detail := ""
+		if lr, ok := m.driver.(runtime.LossReporter); ok {
+			detail = lr.LostReason(rec.ID)
+		}
 		if err := m.driver.Stop(ctx, rec.ID, 0); err != nil {
 			m.log.Error("reclaim sandbox", "id", rec.ID, "err", err)
 		}
-		if err := m.store.EndSandbox(ctx, rec.ID, reason, "", time.Now()); err != nil {
+		if err := m.store.EndSandbox(ctx, rec.ID, reason, detail, time.Now()); err != nil {
 			return err
 		}
 		m.log.Info("reclaimed sandbox", "id", rec.ID, "reason", reason)

@@ -32,6 +32,7 @@ import (
 	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/metrics"
 	"github.com/corralhq/corral/internal/netns"
+	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
@@ -91,6 +92,13 @@ type Config struct {
 	NetworkRange netip.Prefix
 	// NoNetwork runs without the network gateway: only network "none".
 	NoNetwork bool
+	// Driver is the runtime driver: DriverOCI (runc/runsc on this host,
+	// the default) or DriverKube (Pods on a Kubernetes cluster, Kube).
+	// Under kube the host's network gateway is off: the sandboxes'
+	// traffic is the cluster's NetworkPolicy's (docs/kubernetes.md).
+	Driver string
+	// Kube configures the kube driver.
+	Kube KubeConfig
 	// EgressResolver is the DNS server ("HOST:PORT") the egress proxy and
 	// DNS filter resolve allowed names with; "" means the host's resolver.
 	EgressResolver string
@@ -240,6 +248,15 @@ func (c *Config) Validate() error {
 		nonNegative("http-stall-timeout", c.HTTPStallTimeout),
 		nonNegative("max-streams-per-key", c.MaxStreamsPerKey),
 	}
+	switch c.Driver {
+	case "", DriverOCI:
+	case DriverKube:
+		if err := c.Kube.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	default:
+		errs = append(errs, fmt.Errorf("driver %q: use %s or %s", c.Driver, DriverOCI, DriverKube))
+	}
 	switch c.RunawayAction {
 	case "", sandbox.RunawayKillSandbox, sandbox.RunawayKillCommands:
 	default:
@@ -354,8 +371,15 @@ type Server struct {
 	stopBuild     func() // cancels a background code-interpreter build and waits for it
 
 	templates *registry.Registry
-	// driver runs the sandboxes; Close closes it.
-	driver *oci.Driver
+	// driver runs the sandboxes (an *oci.Driver or a *kube.Driver);
+	// Close closes it (a kube driver's Pods keep running).
+	driver closingDriver
+}
+
+// closingDriver is a runtime driver the server closes when it stops.
+type closingDriver interface {
+	runtime.Driver
+	Close() error
 }
 
 // IDRange is the host uid/gid range the server's sandboxes map to.
@@ -440,7 +464,13 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		st.Close()
 		return nil, err
 	}
-	drv, err := oci.New(oci.Options{StateDir: filepath.Join(cfg.DataDir, "sandboxes"), AgentBinary: agentBin, UIDBase: ids.Base})
+	var drv closingDriver
+	if cfg.Driver == DriverKube {
+		drv, err = openKube(ctx, cfg.Kube)
+		cfg.NoNetwork = true
+	} else {
+		drv, err = oci.New(oci.Options{StateDir: filepath.Join(cfg.DataDir, "sandboxes"), AgentBinary: agentBin, UIDBase: ids.Base})
+	}
 	if err != nil {
 		al.Close()
 		st.Close()

@@ -46,3 +46,26 @@ func Signature(path, op, user, token, exp string) string {
 func FormatSignature(sum []byte) string {
 	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum), "=")
 }
+
+// InitPath is the agent's one-time setup call (POST, JSON InitRequest) of
+// an agent that waits for its sandbox: a warm Kubernetes Pod, started
+// before the control plane knows which sandbox it will be. It is
+// authenticated with the bootstrap token (AccessTokenHeader) and accepted
+// once; after it only the sandbox's access token opens the agent.
+const InitPath = "/init"
+
+// BootstrapTokenEnv is the environment variable that hands an agent on TCP
+// its bootstrap token (the agent removes it from its environment before
+// it serves).
+const BootstrapTokenEnv = "CORRAL_AGENT_BOOTSTRAP_TOKEN"
+
+// Port is the TCP port an agent in a Kubernetes Pod listens on (envd's).
+const Port = 49983
+
+// InitRequest is the body of POST InitPath.
+type InitRequest struct {
+	// AccessToken is the sandbox's access token; required.
+	AccessToken string `json:"accessToken"`
+	// EnvVars is the sandbox-global environment of every process.
+	EnvVars map[string]string `json:"envVars,omitempty"`
+}

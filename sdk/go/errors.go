@@ -55,6 +55,10 @@ const (
 	// CodeVolumesUnavailable: volumes were asked for and the server has
 	// none; status 503.
 	CodeVolumesUnavailable = "volumes_unavailable"
+	// CodeNotSupported: the server's runtime driver does not offer the
+	// operation (pause, snapshots, processes, volumes or snapshot layers
+	// of a sandbox on Kubernetes); status 501.
+	CodeNotSupported = "not_supported"
 	// CodeForbidden: the key's role does not allow the call (a member key
 	// on an admin-only route, or asking for another team's records);
 	// status 403. Another team's records are never forbidden but absent

@@ -77,6 +77,15 @@ type Setup struct {
 	// files. After Stop it must be empty. Each entry is a human-readable
 	// description ("mount /x/y", "pid 123 (runsc-gofer)").
 	Leftovers func(id string) []string
+	// Remote, when set, says why the driver's sandboxes run off this host
+	// (a Kubernetes Pod on a node): Handle.Pid is 0, Stats carry no
+	// cgroup readings, and Pause, Resume, NetNS, Processes and Snapshot
+	// of a running sandbox fail wrapping runtime.ErrUnsupported, leaving
+	// it running (subtest Unsupported checks that). The subtests that
+	// measure a host cgroup or freeze one (Limits, OOM, AdoptOOM,
+	// PauseResume, Snapshot) are skipped with this reason; Adopt adopts a
+	// running sandbox only.
+	Remote string
 }
 
 // Deadlines of the suite's polls: generous bounds against hangs on a busy
@@ -103,9 +112,17 @@ func Run(t *testing.T, newSetup func(t *testing.T) Setup) {
 		{"AdoptOOM", testAdoptOOM},
 		{"Snapshot", testSnapshot},
 		{"Unknown", testUnknown},
+		{"Unsupported", testUnsupported},
 	}
+	hostOnly := map[string]bool{"Limits": true, "OOM": true, "AdoptOOM": true, "PauseResume": true, "Snapshot": true}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newSetup(t)) })
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSetup(t)
+			if s.Remote != "" && hostOnly[tc.name] {
+				t.Skipf("sandboxes run off this host: %s", s.Remote)
+			}
+			tc.fn(t, s)
+		})
 	}
 }
 
@@ -126,7 +143,7 @@ func config(t *testing.T, s Setup, res runtime.Resources) runtime.Config {
 	return runtime.Config{
 		ID: newID(t), Runtime: s.Runtime, RootFS: s.RootFS, Resources: res,
 		Env: map[string]string{"CONFORMANCE": "yes"}, DefaultUser: "user",
-		AccessToken: newID(t),
+		AccessToken: newID(t) + newID(t), // 28 characters: a real token is 48 and agents on TCP refuse short ones
 	}
 }
 
@@ -246,7 +263,7 @@ func testStartDial(t *testing.T, s Setup) {
 	d := s.Driver
 	cfg := config(t, s, baseResources)
 	h, a := start(t, d, cfg)
-	if h.ID != cfg.ID || h.Pid <= 0 {
+	if h.ID != cfg.ID || (h.Pid <= 0 && s.Remote == "") {
 		t.Fatalf("handle %+v for %s", h, cfg.ID)
 	}
 	if got := a.must(t, "", "id -un; id -u"); got != "user\n1000" {
@@ -270,7 +287,7 @@ func testStartDial(t *testing.T, s Setup) {
 		t.Fatalf("List = %v, %v; want it to hold %s", ids, err, cfg.ID)
 	}
 	st, err := d.Stats(cfg.ID)
-	if err != nil || st.Pids <= 0 || st.MemoryBytes <= 0 {
+	if err != nil || (s.Remote == "" && (st.Pids <= 0 || st.MemoryBytes <= 0)) {
 		t.Fatalf("stats of a running sandbox: %+v, %v", st, err)
 	}
 	// A second Start of the same id fails and leaves the first running.
@@ -371,6 +388,9 @@ func testStopTotal(t *testing.T, s Setup) {
 	d := s.Driver
 	for _, paused := range []bool{false, true} {
 		t.Run(map[bool]string{false: "running", true: "paused"}[paused], func(t *testing.T) {
+			if paused && s.Remote != "" {
+				t.Skipf("no pause off this host: %s", s.Remote)
+			}
 			cfg := config(t, s, baseResources)
 			h, a := start(t, d, cfg)
 			// Processes the agent does not wait for: a new session as the
@@ -484,10 +504,14 @@ func testAdopt(t *testing.T, s Setup) {
 	running, paused := config(t, s, baseResources), config(t, s, baseResources)
 	_, a := start(t, old, running)
 	a.must(t, "", "echo kept > $HOME/kept")
-	_, pa := start(t, old, paused)
-	busy(t, pa)
-	if err := old.Pause(context.Background(), paused.ID); err != nil {
-		t.Fatal(err)
+	adopted := []string{running.ID}
+	if s.Remote == "" {
+		_, pa := start(t, old, paused)
+		busy(t, pa)
+		if err := old.Pause(context.Background(), paused.ID); err != nil {
+			t.Fatal(err)
+		}
+		adopted = append(adopted, paused.ID)
 	}
 
 	d := s.Restart(t)
@@ -499,7 +523,7 @@ func testAdopt(t *testing.T, s Setup) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{running.ID, paused.ID} {
+	for _, id := range adopted {
 		if !slices.Contains(ids, id) {
 			t.Fatalf("after a restart, List = %v lacks %s", ids, id)
 		}
@@ -513,6 +537,10 @@ func testAdopt(t *testing.T, s Setup) {
 	}
 	if _, err := d.Stats(running.ID); err != nil {
 		t.Fatalf("stats of an adopted sandbox: %v", err)
+	}
+	if s.Remote != "" {
+		stop(t, s, d, running.ID, time.Second)
+		return
 	}
 	assertFrozen(t, d, paused.ID, "adopted paused sandbox")
 	if err := d.Resume(context.Background(), paused.ID); err != nil {
@@ -611,4 +639,37 @@ func testUnknown(t *testing.T, s Setup) {
 	if left := s.Leftovers(id); len(left) > 0 {
 		t.Errorf("calls on an unknown sandbox left: %v", left)
 	}
+}
+
+// testUnsupported: a driver whose sandboxes run off this host refuses
+// what its platform does not offer with runtime.ErrUnsupported (so the
+// API can say so) and the sandbox goes on; a host driver has nothing to
+// refuse.
+func testUnsupported(t *testing.T, s Setup) {
+	if s.Remote == "" {
+		t.Skip("a host driver offers every operation")
+	}
+	d := s.Driver
+	cfg := config(t, s, baseResources)
+	_, a := start(t, d, cfg)
+	ctx := context.Background()
+	calls := map[string]func() error{
+		"Pause":     func() error { return d.Pause(ctx, cfg.ID) },
+		"Resume":    func() error { return d.Resume(ctx, cfg.ID) },
+		"NetNS":     func() error { _, err := d.NetNS(ctx, cfg.ID); return err },
+		"Processes": func() error { _, err := d.Processes(cfg.ID); return err },
+		"Snapshot": func() error {
+			_, err := d.Snapshot(ctx, cfg.ID, filepath.Join(t.TempDir(), "layer"))
+			return err
+		},
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, runtime.ErrUnsupported) {
+			t.Errorf("%s of a running remote sandbox: %v, want an error wrapping runtime.ErrUnsupported", name, err)
+		}
+	}
+	if got := a.must(t, "", "echo still"); got != "still" {
+		t.Fatalf("after the refused calls: %q", got)
+	}
+	stop(t, s, d, cfg.ID, time.Second)
 }

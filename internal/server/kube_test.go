@@ -1,0 +1,39 @@
+package server
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestKubeConfigValidate: a bad --kube-* setting is refused at start with
+// a message naming the flag, before anything touches the cluster.
+func TestKubeConfigValidate(t *testing.T) {
+	ok := KubeConfig{Image: "img"}
+	for _, tc := range []struct {
+		name string
+		cfg  KubeConfig
+		want string // "" for valid
+	}{
+		{"image", ok, ""},
+		{"images only", KubeConfig{Images: "base=img"}, ""},
+		{"pools", KubeConfig{Image: "img", Pools: "base=20, code-interpreter=0"}, ""},
+		{"no image", KubeConfig{}, "--kube-image"},
+		{"bad images", KubeConfig{Images: "base"}, "--kube-images"},
+		{"bad pool size", KubeConfig{Image: "img", Pools: "base=-1"}, "--kube-pools"},
+		{"huge pool", KubeConfig{Image: "img", Pools: "base=10001"}, "--kube-pools"},
+		{"bad class", KubeConfig{Image: "img", RuntimeClasses: "=x"}, "--kube-runtime-classes"},
+		{"egress without dns", KubeConfig{Image: "img", Egress: true}, "--kube-dns"},
+	} {
+		err := tc.cfg.validate()
+		if tc.want == "" && err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v; want an error naming %s", tc.name, err, tc.want)
+		}
+	}
+	cfg := Config{Driver: "kubernetes"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `driver "kubernetes"`) {
+		t.Errorf("--driver kubernetes: %v", err)
+	}
+}
