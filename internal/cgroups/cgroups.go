@@ -1,6 +1,7 @@
 // Package cgroups reads the counters corral needs from a sandbox's cgroup,
 // on both cgroup v1 (one hierarchy per controller) and cgroup v2 (unified).
-// It only reads; runc and runsc create and remove the cgroups.
+// It reads, and freezes a group (SetFrozen); runc and runsc create and
+// remove the cgroups.
 package cgroups
 
 import (
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Root is where cgroup file systems are mounted.
@@ -178,4 +180,61 @@ func keyed(path, key string) (int64, error) {
 		return 0, err
 	}
 	return 0, errors.New(key + " not found in " + path)
+}
+
+// SetFrozen freezes (true) or thaws (false) every task of the group with
+// the freezer (v1: freezer.state, v2: cgroup.freeze) and waits until the
+// kernel reports the new state, at most timeout. It is the one write this
+// package makes: gVisor's own pause stops the sandbox's tasks but not its
+// kernel, which would keep using the host's CPU while paused.
+func (g Group) SetFrozen(frozen bool, timeout time.Duration) error {
+	var path, val, done string
+	switch {
+	case g.v2:
+		path, val, done = filepath.Join(Root, g.Path, "cgroup.freeze"), "0", "frozen 0"
+		if frozen {
+			val, done = "1", "frozen 1"
+		}
+	default:
+		path, val = g.file("freezer", "freezer.state"), "THAWED"
+		if frozen {
+			val = "FROZEN"
+		}
+		done = val
+	}
+	if err := os.WriteFile(path, []byte(val), 0); err != nil {
+		return fmt.Errorf("cgroup %s: set %s: %w", g.Path, val, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var got string
+		if g.v2 {
+			b, err := os.ReadFile(filepath.Join(Root, g.Path, "cgroup.events"))
+			if err != nil {
+				return fmt.Errorf("cgroup %s: %w", g.Path, err)
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(line, "frozen ") {
+					got = line
+				}
+			}
+		} else {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return fmt.Errorf("cgroup %s: %w", g.Path, err)
+			}
+			got = strings.TrimSpace(string(b))
+		}
+		if got == done {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s: still %q, not %q, after %s", g.Path, got, done, timeout)
+		}
+		if !frozen && !g.v2 {
+			// A v1 thaw that raced a freeze in progress is retried.
+			_ = os.WriteFile(path, []byte(val), 0)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -75,6 +75,13 @@ type Config struct {
 	// name:version) and owning team, for drivers that label what they
 	// start (the kube driver's Pod labels and image choice).
 	Template, Team string
+	// NetNS, for a gVisor sandbox with a network, is the path of the
+	// network namespace prepared with its veth pair: gVisor's network
+	// stack takes its interfaces over when it starts (it cannot be given
+	// one later). "" gives the sandbox a namespace of its own with
+	// loopback only. A runc sandbox gets its veth pair after it starts,
+	// in the namespace runc made, and must leave this "".
+	NetNS string
 }
 
 // FileBind mounts the host file Source read-only at Destination.

@@ -76,9 +76,15 @@ func conformanceEnv(t *testing.T, rt runtime.Runtime) confEnv {
 	if os.Geteuid() != 0 {
 		t.Skip("the driver conformance suite needs root (namespaces, mounts, cgroups)")
 	}
-	bin := map[runtime.Runtime]string{runtime.Runc: "runc", runtime.GVisor: "runsc"}[rt]
-	if _, err := exec.LookPath(bin); err != nil {
-		t.Skipf("%s is not installed (apt-get install %s)", bin, bin)
+	if rt == runtime.GVisor {
+		// The runsc a server would choose: the pinned build when cached.
+		r, err := FindRunsc("", "")
+		if err != nil {
+			t.Skipf("gVisor: %v", err)
+		}
+		t.Logf("gVisor: %s", r.Note)
+	} else if _, err := exec.LookPath("runc"); err != nil {
+		t.Skip("runc is not installed (apt-get install runc)")
 	}
 	confOnce.Do(func() { confVal, confErr = buildConfEnv() })
 	if confErr != nil {

@@ -33,9 +33,16 @@ type Options struct {
 	// AgentBinary is the host path of the static corral binary that is
 	// bind-mounted read-only into every sandbox as its init.
 	AgentBinary string
-	// RuncPath and RunscPath name the runtime binaries (defaults: found in PATH).
-	RuncPath, RunscPath string
-	// RunscPlatform is gVisor's platform (default "ptrace": no KVM needed).
+	// RuncPath names the runc binary (default: runc in PATH).
+	RuncPath string
+	// RunscPath names the runsc binary and RunscLegacy says it is one
+	// without the systrap platform (see Runsc). With RunscPath "", New
+	// picks one with FindRunsc (the pinned build when cached).
+	RunscPath   string
+	RunscLegacy bool
+	// RunscPlatform is gVisor's platform: PlatformSystrap (default: no
+	// KVM needed), PlatformPtrace (the default of a legacy runsc) or
+	// PlatformKVM (needs a usable /dev/kvm).
 	RunscPlatform string
 	// UIDBase is the host uid (and gid) that sandbox root maps to: the
 	// base of the server's uid range (required; see package idrange).
@@ -101,17 +108,21 @@ func New(o Options) (*Driver, error) {
 	if err := (idrange.Range{Base: o.UIDBase, Count: idrange.Count}).Validate(); err != nil {
 		return nil, fmt.Errorf("oci driver: %w", err)
 	}
-	if o.RunscPlatform == "" {
-		o.RunscPlatform = "ptrace"
+	if o.RunscPath == "" {
+		o.RunscPath = "runsc"
+		if r, err := FindRunsc("", ""); err == nil {
+			o.RunscPath, o.RunscLegacy = r.Path, r.Legacy
+		}
+	}
+	runscArgs, err := runscFlags(&o.RunscPlatform, o.RunscLegacy)
+	if err != nil {
+		return nil, fmt.Errorf("oci driver: %w", err)
 	}
 	if o.StartTimeout == 0 {
 		o.StartTimeout = 20 * time.Second
 	}
 	if o.RuncPath == "" {
 		o.RuncPath = "runc"
-	}
-	if o.RunscPath == "" {
-		o.RunscPath = "runsc"
 	}
 	if err := os.MkdirAll(o.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("oci driver: state dir: %w", err)
@@ -123,9 +134,7 @@ func New(o Options) (*Driver, error) {
 		waits: map[string]*cgroups.WaitCounter{}}
 	d.sup = &supervisor.Client{Socket: SupervisorSocket(o.StateDir), Binary: o.AgentBinary}
 	d.runc = &runc.Runc{Command: o.RuncPath, Root: RuntimeRoot(o.StateDir, runtime.Runc), Setpgid: true}
-	d.runsc = &runc.Runc{Command: o.RunscPath, Root: RuntimeRoot(o.StateDir, runtime.GVisor), Setpgid: true, ExtraArgs: []string{
-		"--platform=" + o.RunscPlatform, "--network=none", "--host-uds=all",
-	}}
+	d.runsc = &runc.Runc{Command: o.RunscPath, Root: RuntimeRoot(o.StateDir, runtime.GVisor), Setpgid: true, ExtraArgs: runscArgs}
 	return d, nil
 }
 
@@ -145,6 +154,10 @@ func (d *Driver) Close() error {
 	}
 	return d.sup.CloseWait(5 * time.Second)
 }
+
+// GVisorLegacy reports whether gVisor sandboxes run under a legacy runsc
+// (Options.RunscLegacy): network none, no volumes.
+func (d *Driver) GVisorLegacy() bool { return d.opts.RunscLegacy }
 
 func (d *Driver) dir(id string) string { return filepath.Join(d.opts.StateDir, id) }
 
@@ -580,9 +593,13 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	if err := d.held(id); err != nil {
 		return err
 	}
-	rc := d.binary(d.runtimeOf(id))
+	rt := d.runtimeOf(id)
+	rc := d.binary(rt)
 	if err := rc.Pause(ctx, id); err != nil {
 		return fmt.Errorf("%s pause %s: %w", rc.Command, id, err)
+	}
+	if rt == runtime.GVisor {
+		return d.freezeGVisor(ctx, id)
 	}
 	return nil
 }
@@ -592,7 +609,18 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 	if err := d.held(id); err != nil {
 		return err
 	}
-	rc := d.binary(d.runtimeOf(id))
+	return d.resume(ctx, id, d.runtimeOf(id))
+}
+
+// resume thaws a paused sandbox of runtime rt: a gVisor sandbox's
+// kernel first (freezeGVisor), then its tasks.
+func (d *Driver) resume(ctx context.Context, id string, rt runtime.Runtime) error {
+	rc := d.binary(rt)
+	if rt == runtime.GVisor {
+		if err := d.thawGVisor(id); err != nil {
+			return err
+		}
+	}
 	if err := rc.Resume(ctx, id); err != nil {
 		return fmt.Errorf("%s resume %s: %w", rc.Command, id, err)
 	}
@@ -702,7 +730,7 @@ func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error
 	if st, err := rc.State(ctx, id); err == nil {
 		if st.Status == "paused" {
 			// Frozen processes cannot act on SIGTERM; thaw them first.
-			_ = rc.Resume(ctx, id)
+			_ = d.resume(ctx, id, rt)
 		}
 		if grace > 0 {
 			_ = rc.Kill(ctx, id, int(syscall.SIGTERM), &runc.KillOpts{All: true})

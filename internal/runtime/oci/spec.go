@@ -222,6 +222,16 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/tmp", Type: "bind",
 			Source: in.tmpSource, Options: []string{"rbind", "rw", "nosuid", "nodev"}})
 	}
+	if cfg.NetNS != "" {
+		if cfg.Runtime != runtime.GVisor {
+			return nil, errors.New("a prepared network namespace is for gVisor sandboxes only")
+		}
+		for i := range s.Linux.Namespaces {
+			if s.Linux.Namespaces[i].Type == specs.NetworkNamespace {
+				s.Linux.Namespaces[i].Path = cfg.NetNS
+			}
+		}
+	}
 	if in.cfg.Runtime != runtime.GVisor {
 		prof, err := seccomp.GetDefaultProfile(s)
 		if err != nil {
