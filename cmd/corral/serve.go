@@ -20,6 +20,7 @@ import (
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/idrange"
 	"github.com/corralhq/corral/internal/netns"
+	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/server"
 	"github.com/corralhq/corral/internal/template"
@@ -174,6 +175,8 @@ func serveFlags(o *serveOptions) *pflag.FlagSet {
 	f.DurationVar(&cfg.HTTPStallTimeout, "http-stall-timeout", api.DefaultStallTimeout, "one read of a request body or one write of a response blocked this long cuts the connection (streams that keep moving are never cut)")
 	f.IntVar(&cfg.MaxStreamsPerKey, "max-streams-per-key", api.DefaultMaxStreamsPerKey, "streams (commands, watches, file transfers, exec calls, template builds) one API key or one sandbox's envd credential may hold open; more get 429 too_many_streams")
 	f.BoolVar(&cfg.RefuseEnvSecrets, "refuse-env-secrets", false, "refuse sandboxes whose env vars look like secrets (default: accept with a warning)")
+	f.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for gVisor sandboxes (default: the pinned build "+oci.CachedRunsc("")+" that make runsc installs, else runsc in PATH as a fallback, logged at start)")
+	f.StringVar(&cfg.RunscPlatform, "runsc-platform", "", "gVisor platform: systrap (default), ptrace (default of a runsc without systrap) or kvm (needs a usable /dev/kvm; detected, never chosen by itself)")
 	f.Var(idRangeFlag{&cfg.IDRange}, "uid-range", "host uid/gid range sandboxes map to, BASE[:65536]; must not overlap /etc/subuid, /etc/subgid or a user or group (default: the data dir's, else corral's entry in /etc/subuid, else a free one from 1073741824 up, recorded there)")
 	f.Var(idFilesFlag{&cfg.IDFiles}, "id-files", "read subuid, subgid, passwd and group from DIR instead of /etc (for tests)")
 	_ = f.MarkHidden("id-files")

@@ -260,6 +260,19 @@ func (g *Gateway) Attach(id, nsPath string) (*netns.Link, error) {
 	return l, nil
 }
 
+// Create makes a network namespace with a veth pair for a sandbox about
+// to start in it (Link.NSPath): gVisor's network stack takes the
+// namespace's interfaces over when it starts. Until [Gateway.Set] is
+// called every request from it is refused.
+func (g *Gateway) Create(id string) (*netns.Link, error) {
+	l, err := g.nets.Create(id)
+	if err != nil {
+		return nil, err
+	}
+	g.register(l)
+	return l, nil
+}
+
 func (g *Gateway) register(l *netns.Link) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -34,8 +34,11 @@ type networkGateway interface {
 	TrustFiles(rootfs string) ([]runtime.FileBind, map[string]string, error)
 	// Reserve reserves a sandbox's addresses before it starts; Reserved
 	// says whether it holds some; Attach makes its veth pair in the
-	// sandbox's network namespace; Link returns the pair if any.
+	// sandbox's network namespace; Create makes a namespace with its
+	// veth pair before it starts (Link.NSPath; for gVisor); Link returns
+	// the pair if any.
 	Reserve(id string) (*netns.Link, error)
+	Create(id string) (*netns.Link, error)
 	Reserved(id string) bool
 	Attach(id, nsPath string) (*netns.Link, error)
 	Link(id string) (*netns.Link, bool)

@@ -70,7 +70,11 @@ func TestCreateTiers(t *testing.T) {
 // kind, and nothing is recorded or started.
 func TestCreateRefusesInvalid(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, testConfig(t))
+	cfg := testConfig(t)
+	// A server on Debian's 2022 runsc (the fallback) refuses gVisor
+	// sandboxes with a network or volumes.
+	cfg.GVisorLegacy = true
+	h := newHarness(t, cfg)
 	long := strings.Repeat("x", sandbox.MaxMetadataValue+1)
 	many := map[string]string{}
 	for i := 0; i <= sandbox.MaxEnvVars; i++ {
@@ -95,7 +99,7 @@ func TestCreateRefusesInvalid(t *testing.T) {
 		{"metadata value", sandbox.CreateRequest{Metadata: map[string]string{"k": long}}, nil},
 		{"network mode", sandbox.CreateRequest{Network: "everything"}, nil},
 		{"secrets without network", sandbox.CreateRequest{Secrets: []string{"gh"}}, nil},
-		{"gvisor with network", sandbox.CreateRequest{Runtime: "gvisor", Network: "all-public"}, nil},
+		{"gvisor with network under a legacy runsc", sandbox.CreateRequest{Runtime: "gvisor", Network: "all-public"}, nil},
 		{"unknown snapshot", sandbox.CreateRequest{Snapshot: "snap-nope"}, nil},
 		{"network without a gateway", sandbox.CreateRequest{Network: "all-public"}, sandbox.ErrNetworkUnavailable},
 	}

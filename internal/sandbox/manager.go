@@ -128,6 +128,10 @@ type Config struct {
 	// OnCommand, when set, is called once for every command started in a
 	// sandbox (the usage meter counts them), as its record is made.
 	OnCommand func(sandbox string)
+	// GVisorLegacy says gVisor sandboxes run under a legacy runsc
+	// (Debian's 2022 package, the fallback when the pinned build is
+	// missing): they can have network none only and no volumes.
+	GVisorLegacy bool
 }
 
 // Defaults of [Config] (docs/configuration.md).
@@ -292,7 +296,7 @@ func (m *Manager) validate(ctx context.Context, req *CreateRequest) (*store.Sand
 	if err != nil {
 		return nil, rc, nil, err
 	}
-	if pol.Mode != egress.ModeNone && rc.Runtime == runtime.GVisor {
+	if pol.Mode != egress.ModeNone && rc.Runtime == runtime.GVisor && m.cfg.GVisorLegacy {
 		return nil, rc, nil, invalid(gvisorNoNetwork)
 	}
 	if len(req.Secrets) > 0 && pol.Mode == egress.ModeNone {

@@ -33,8 +33,9 @@ type NetworkRequest struct {
 	Allow []string `json:"allow,omitempty"`
 }
 
-// gvisorNoNetwork explains why gVisor sandboxes have no network here.
-const gvisorNoNetwork = "gVisor sandboxes have network none on this host: Debian's runsc (2022) cannot use a prepared network namespace on current kernels; use runtime runc for egress"
+// gvisorNoNetwork explains why gVisor sandboxes have no network under a
+// legacy runsc (Config.GVisorLegacy).
+const gvisorNoNetwork = "gVisor sandboxes have network none on this server: it runs Debian's runsc (2022), which cannot use a prepared network namespace on current kernels (make runsc builds the pinned one); use runtime runc for egress"
 
 // parsePolicy checks mode and allow.
 func parsePolicy(mode string, allow []string) (egress.Policy, error) {
@@ -76,10 +77,13 @@ func (m *Manager) resolveSecrets(ctx context.Context, team string, names []strin
 
 // prepareNetwork gives a sandbox about to start its resolv.conf and, when
 // its policy opens egress, reserved addresses, the proxy variables, the
-// secrets' placeholders and (with secrets) the egress CA. The sandbox gets
-// its veth pair right after it starts (activateNetwork), in the namespace
-// runc made: a namespace made beforehand would belong to the host's user
-// namespace, and the sandbox (in its own) could then not mount its sysfs.
+// secrets' placeholders and (with secrets) the egress CA. A runc sandbox
+// gets its veth pair right after it starts (activateNetwork), in the
+// namespace runc made: a namespace made beforehand would belong to the
+// host's user namespace, and the sandbox (in its own) could then not
+// mount its sysfs. A gVisor sandbox gets a namespace with its veth pair
+// now (rc.NetNS), since gVisor's network stack takes its interfaces over
+// when it starts; its sysfs is gVisor's own.
 func (m *Manager) prepareNetwork(rec *store.Sandbox, rc *runtime.Config, pol egress.Policy, secrets []egress.Secret) error {
 	gw := m.cfg.Gateway
 	if gw == nil {
@@ -104,10 +108,15 @@ func (m *Manager) prepareNetwork(rec *store.Sandbox, rc *runtime.Config, pol egr
 	}
 	// Reserve the addresses now so that the proxy variables can name the
 	// gateway; the veth pair follows once the sandbox runs.
-	l, err := gw.Reserve(rec.ID)
+	reserve := gw.Reserve
+	if rc.Runtime == runtime.GVisor {
+		reserve = gw.Create
+	}
+	l, err := reserve(rec.ID)
 	if err != nil {
 		return fmt.Errorf("network for %s: %w", rec.ID, err)
 	}
+	rc.NetNS = l.NSPath
 	for k, v := range gateway.ProxyEnv(l) {
 		if _, set := rc.Env[k]; !set {
 			rc.Env[k] = v
@@ -120,7 +129,8 @@ func (m *Manager) prepareNetwork(rec *store.Sandbox, rc *runtime.Config, pol egr
 }
 
 // activateNetwork gives a just started runc sandbox its reserved veth
-// pair and installs the sandbox's policy in the gateway.
+// pair (a gVisor one has it already) and installs the sandbox's policy
+// in the gateway.
 func (m *Manager) activateNetwork(id string, pol egress.Policy, secrets []egress.Secret) error {
 	if m.cfg.Gateway == nil || pol.Mode == egress.ModeNone {
 		return nil
@@ -168,7 +178,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req NetworkRequest)
 	m.mu.Lock()
 	rec, stopped := ls.rec, ls.stopped
 	m.mu.Unlock()
-	if pol.Mode != egress.ModeNone && rec.Runtime == string(runtime.GVisor) {
+	if pol.Mode != egress.ModeNone && rec.Runtime == string(runtime.GVisor) && m.cfg.GVisorLegacy {
 		return nil, invalid(gvisorNoNetwork)
 	}
 	m.netMu.Lock()

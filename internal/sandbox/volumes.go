@@ -20,8 +20,9 @@ type volumes interface {
 	PurgeOrphans(ctx context.Context)
 }
 
-// gvisorNoVolumes explains why gVisor sandboxes cannot mount volumes here.
-const gvisorNoVolumes = "gVisor sandboxes cannot mount volumes on this host: Debian's runsc (2022) answers stat on a bind-mounted volume with EINVAL; use runtime runc for volumes"
+// gvisorNoVolumes explains why gVisor sandboxes cannot mount volumes
+// under a legacy runsc (Config.GVisorLegacy).
+const gvisorNoVolumes = "gVisor sandboxes cannot mount volumes on this server: it runs Debian's runsc (2022), which answers stat on a bind-mounted volume with EINVAL (make runsc builds the pinned one); use runtime runc for volumes"
 
 // holdVolumes keeps the volumes from deletion while a create that mounts
 // some runs (volumes.Hold); it returns the release.
@@ -44,7 +45,7 @@ func (m *Manager) resolveVolumes(ctx context.Context, team string, rt runtime.Ru
 	if m.cfg.Volumes == nil {
 		return nil, nil, volume.ErrUnavailable
 	}
-	if rt == runtime.GVisor {
+	if rt == runtime.GVisor && m.cfg.GVisorLegacy {
 		return nil, nil, invalid(gvisorNoVolumes)
 	}
 	mounts, err := m.cfg.Volumes.Resolve(ctx, team, reqs)

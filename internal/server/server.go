@@ -175,6 +175,14 @@ type Config struct {
 	// envd credential, holds open at once (default
 	// api.DefaultMaxStreamsPerKey, 256).
 	MaxStreamsPerKey int
+	// Runsc is the runsc binary gVisor sandboxes run under (--runsc;
+	// default: the pinned build oci.CachedRunsc when present, else runsc
+	// in PATH, which the server logs as a fallback).
+	Runsc string
+	// RunscPlatform is gVisor's platform (--runsc-platform): systrap
+	// (default), ptrace, or kvm (needs a usable /dev/kvm). A legacy runsc
+	// without systrap defaults to ptrace.
+	RunscPlatform string
 	// Log is the server's logger.
 	Log *slog.Logger
 }
@@ -266,6 +274,11 @@ func (c *Config) Validate() error {
 	case "", "public", "private":
 	default:
 		errs = append(errs, fmt.Errorf("ports-default %q: use public or private", c.PortsDefault))
+	}
+	switch c.RunscPlatform {
+	case "", oci.PlatformSystrap, oci.PlatformPtrace, oci.PlatformKVM:
+	default:
+		errs = append(errs, fmt.Errorf("runsc-platform %q: use %s, %s or %s", c.RunscPlatform, oci.PlatformSystrap, oci.PlatformPtrace, oci.PlatformKVM))
 	}
 	switch c.E2BInternet {
 	case "", "none", "all-public":
@@ -465,11 +478,20 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	var drv closingDriver
+	gvisorLegacy := false
 	if cfg.Driver == DriverKube {
 		drv, err = openKube(ctx, cfg.Kube)
 		cfg.NoNetwork = true
 	} else {
-		drv, err = oci.New(oci.Options{StateDir: filepath.Join(cfg.DataDir, "sandboxes"), AgentBinary: agentBin, UIDBase: ids.Base})
+		var runsc oci.Runsc
+		if runsc, err = findRunsc(cfg); err == nil {
+			var od *oci.Driver
+			od, err = oci.New(oci.Options{StateDir: filepath.Join(cfg.DataDir, "sandboxes"), AgentBinary: agentBin, UIDBase: ids.Base,
+				RunscPath: runsc.Path, RunscLegacy: runsc.Legacy, RunscPlatform: cfg.RunscPlatform})
+			if err == nil { // a nil *oci.Driver in the interface would not be nil
+				drv, gvisorLegacy = od, od.GVisorLegacy()
+			}
+		}
 	}
 	if err != nil {
 		al.Close()
@@ -555,7 +577,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		PrivatePorts: cfg.PortsDefault == "private",
 		Governor:     gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: volSvc, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
-		IDBase: ids.Base, OnCommand: meter.Command,
+		IDBase: ids.Base, OnCommand: meter.Command, GVisorLegacy: gvisorLegacy,
 	}
 	if gw != nil { // a nil *Gateway in the interface would not be nil
 		mcfg.Gateway = gw
@@ -1005,4 +1027,25 @@ func lockDownDirs(cfg Config) {
 			_ = os.Chmod(p, 0o710)
 		}
 	}
+}
+
+// findRunsc picks the runsc binary (oci.FindRunsc) and says at start
+// which one gVisor sandboxes get, warning when it is the fallback. A
+// host without any runsc still serves runc sandboxes (gVisor ones fail to
+// start, naming the missing binary); a --runsc that cannot be run is an
+// error.
+func findRunsc(cfg Config) (oci.Runsc, error) {
+	r, err := oci.FindRunsc(cfg.Runsc, "")
+	switch {
+	case err != nil && cfg.Runsc != "":
+		return r, err
+	case err != nil:
+		cfg.Log.Warn("gVisor unavailable", "err", err)
+		return oci.Runsc{Path: "runsc"}, nil
+	case r.Legacy || (cfg.Runsc == "" && r.Path != oci.CachedRunsc("")):
+		cfg.Log.Warn("gVisor runtime: fallback runsc", "runsc", r.Path, "note", r.Note)
+	default:
+		cfg.Log.Info("gVisor runtime", "runsc", r.Path, "note", r.Note, "kvm", oci.KVMAvailable())
+	}
+	return r, nil
 }
