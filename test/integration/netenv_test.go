@@ -71,6 +71,9 @@ type netFixture struct {
 	// srv is the default corral server: default caps, env secrets warned.
 	srv *netServer
 
+	// runtime is the runtime of the sandboxes newSandbox makes.
+	runtime string
+
 	capsOnce sync.Once
 	caps     *netServer
 	capsErr  error
@@ -831,6 +834,9 @@ func (fx *netFixture) newSandbox(t *testing.T, s *netServer, opts corral.CreateO
 	t.Helper()
 	if opts.Timeout == 0 {
 		opts.Timeout = 10 * time.Minute
+	}
+	if opts.Runtime == "" {
+		opts.Runtime = fx.runtime
 	}
 	ctx := context.Background()
 	sb, err := s.c.Create(ctx, opts)

@@ -31,10 +31,14 @@ import (
 // real servers, real runc sandboxes, real veth pairs and nftables rules,
 // and an upstream in a network namespace this test creates on a
 // documentation address (see netenv_test.go). The subtests share one
-// fixture; each says in its doc comment what it proves.
-func TestNetwork(t *testing.T) {
-	need(t)
+// fixture; each says in its doc comment what it proves. The battery runs
+// under runc and under gVisor: a gVisor sandbox's traffic leaves its own
+// network stack through the same veth pair and meets the same rules.
+func TestNetwork(t *testing.T) { eachRuntime(t, testNetwork) }
+
+func testNetwork(t *testing.T, rt string) {
 	fx := newNetFixture(t)
+	fx.runtime = rt
 	t.Run("AllowedDomain", func(t *testing.T) { testNetAllowedDomain(t, fx) })
 	t.Run("RefusedDomain", func(t *testing.T) { testNetRefusedDomain(t, fx) })
 	t.Run("PrivateAddresses", func(t *testing.T) { testNetPrivateAddresses(t, fx) })

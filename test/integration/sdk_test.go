@@ -263,3 +263,37 @@ func TestFileAPITraversal(t *testing.T) {
 		t.Fatalf("symlink read gave %q (host %q) %v", b, host, err)
 	}
 }
+
+// TestFileAPIAsUser (threat-model.md #11): the file API acts with the
+// caller's identity under every runtime. A file written as user belongs
+// to user; user can neither read /etc/shadow nor write into /etc; root's
+// identity is back for the next request. Under gVisor, which has no
+// setfsuid(2) (ENOSYS), the agent switches the thread's effective ids
+// instead: before that every file call as user failed with 500.
+func TestFileAPIAsUser(t *testing.T) { eachRuntime(t, testFileAPIAsUser) }
+
+func testFileAPIAsUser(t *testing.T, rt string) {
+	sb := sdkSandbox(t, corral.CreateOptions{Runtime: rt})
+	ctx := context.Background()
+	if err := sb.Files().Write(ctx, "/tmp/mine", []byte("x")); err != nil {
+		t.Fatalf("user writes /tmp/mine: %v", err)
+	}
+	if b, err := sb.Files().Read(ctx, "/tmp/mine"); err != nil || string(b) != "x" {
+		t.Fatalf("user reads /tmp/mine back: %q, %v", b, err)
+	}
+	if r, err := sb.Run(ctx, "stat -c %U:%G /tmp/mine", corral.RunOptions{User: "root"}); err != nil || strings.TrimSpace(r.Stdout) != "user:user" {
+		t.Fatalf("owner of a file user wrote: %+v, %v; want user:user", r, err)
+	}
+	if b, err := sb.Files().Read(ctx, "/etc/shadow"); err == nil {
+		t.Fatalf("user read /etc/shadow through the file API: %q", b)
+	}
+	if err := sb.Files().Write(ctx, "/etc/planted", []byte("x")); err == nil {
+		t.Fatal("user wrote into /etc through the file API")
+	}
+	if b, err := sb.Files().WithUser("root").Read(ctx, "/etc/shadow"); err != nil || !strings.Contains(string(b), "root:") {
+		t.Fatalf("root reads /etc/shadow after user's calls: %q, %v", b, err)
+	}
+	if r, err := sb.Run(ctx, "test -e /etc/planted && echo planted || echo absent", corral.RunOptions{User: "root"}); err != nil || strings.TrimSpace(r.Stdout) != "absent" {
+		t.Fatalf("/etc/planted: %+v, %v", r, err)
+	}
+}
