@@ -251,7 +251,7 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 		return nil, err
 	}
 	t = ph.Mark(runtime.PhaseSpec, t)
-	rc := d.binary(cfg.Runtime)
+	rc := d.starter(cfg)
 	// No process stays per sandbox: the runtime's create runs under the
 	// supervisor and exits, leaving the sandbox's processes to it (it
 	// reaps them, also across a control-plane restart); the init's

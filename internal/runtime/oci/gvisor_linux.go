@@ -3,7 +3,10 @@ package oci
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
+
+	"github.com/containerd/go-runc"
 
 	"github.com/corralhq/corral/internal/cgroups"
 	"github.com/corralhq/corral/internal/runtime"
@@ -37,4 +40,18 @@ func (d *Driver) thawGVisor(id string) error {
 		return fmt.Errorf("thaw gVisor sandbox %s: %w", id, err)
 	}
 	return nil
+}
+
+// starter is the runtime binary that creates and starts sandbox cfg: for
+// gVisor with the sandbox's network flag (runscNetworkArgs), which runsc
+// reads at create (the namespace its sandbox joins) and at start (the
+// interfaces it takes over), so both get it.
+func (d *Driver) starter(cfg runtime.Config) *runc.Runc {
+	rc := d.binary(cfg.Runtime)
+	if cfg.Runtime != runtime.GVisor {
+		return rc
+	}
+	c := *rc
+	c.ExtraArgs = append(slices.Clone(rc.ExtraArgs), runscNetworkArgs(d.opts.RunscLegacy, cfg.NetNS)...)
+	return &c
 }

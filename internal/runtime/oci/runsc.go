@@ -106,16 +106,16 @@ func KVMAvailable() bool {
 // runscFlags returns runsc's global flags for platform (filled with the
 // default when "") under a legacy runsc or a current one.
 //
-// A current runsc runs with --network=sandbox: its user-space network
-// stack takes over the interfaces of the sandbox's network namespace,
-// either one the runtime makes (loopback only: network none) or the one
-// corral prepared with the sandbox's veth pair (runtime.Config.NetNS), so
-// that its traffic meets the same nftables rules, proxy and DNS filter as
-// a runc sandbox's. --host-uds=all lets the control plane reach the
-// agent's unix socket in the bind-mounted run directory. --overlay2=none
-// keeps the root file system's writes on the host overlay (whose upper
-// layer is the sandbox's size-capped tmpfs), so the disk cap answers
-// ENOSPC as under runc instead of runsc's own overlay file in memory.
+// The network flag is per sandbox (runscNetworkArgs). --host-uds=all
+// lets the control plane reach the agent's unix socket in the
+// bind-mounted run directory. --overlay2=none keeps the root file
+// system's writes on the host overlay (whose upper layer is the
+// sandbox's size-capped tmpfs), so the disk cap answers ENOSPC as under
+// runc instead of runsc's own overlay file in memory. --allow-suid
+// honours set-user-ID binaries inside, as runc does: code runs as user
+// and becomes sandbox root with sudo (a current runsc ignores the bit
+// by default); it raises ids only within gVisor's kernel, and a
+// template's NoNewPrivileges still prevents it.
 func runscFlags(platform *string, legacy bool) ([]string, error) {
 	if *platform == "" {
 		*platform = PlatformSystrap
@@ -139,5 +139,26 @@ func runscFlags(platform *string, legacy bool) ([]string, error) {
 	if legacy {
 		return []string{"--platform=" + *platform, "--network=none", "--host-uds=all"}, nil
 	}
-	return []string{"--platform=" + *platform, "--network=sandbox", "--host-uds=all", "--overlay2=none"}, nil
+	return []string{"--platform=" + *platform, "--host-uds=all", "--overlay2=none", "--allow-suid"}, nil
+}
+
+// runscNetworkArgs is the network flag of a gVisor sandbox (after the
+// global flags; a legacy runsc has --network=none among those).
+//
+// With a prepared namespace (netNS, runtime.Config.NetNS) it is
+// --network=sandbox: gVisor's network stack takes over the namespace's
+// veth pair, so its traffic meets the same nftables rules, proxy and DNS
+// filter as a runc sandbox's. Without one it is --network=none, which
+// gives gVisor's own loopback and nothing else (--network=sandbox in a
+// namespace runsc makes would give not even loopback: runsc skips
+// interfaces that are down, as a new namespace's lo is).
+func runscNetworkArgs(legacy bool, netNS string) []string {
+	switch {
+	case legacy:
+		return nil
+	case netNS != "":
+		return []string{"--network=sandbox"}
+	default:
+		return []string{"--network=none"}
+	}
 }
