@@ -110,7 +110,7 @@ bench-deps:
 # Results: bench-results/<UTC time>.json (or $$CORRAL_BENCH_OUT) and the
 # Markdown table on stdout; go run ./test/bench/report renders a file again.
 # CORRAL_BENCH_DENSITY=500 for the full density run (default 50).
-bench: deps bench-deps build
+bench: deps bench-deps runsc build
 	$(GO) test -run '^$$' -bench . -benchtime 50x -timeout 30m ./test/bench/
 	$(GO) test -run '^$$' -bench ProxyRequest -benchtime 500x ./internal/egress/
 	$(GO) test -run '^$$' -bench ProxyThroughput -benchtime 10x ./internal/egress/
