@@ -225,6 +225,12 @@ func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
+	if s.cfg.Audit != nil {
+		// A command's end record is written with its audit event: wait
+		// for the events recorded before this request, so that a
+		// command answered before it is listed with its end.
+		s.cfg.Audit.Sync()
+	}
 	cmds, err := s.store.ListCommands(r.Context(), id)
 	if err != nil {
 		s.writeErr(w, r, err)

@@ -99,7 +99,21 @@ func (l *Log) RecordTaskBy(ctx context.Context, sandbox, task, kind string, data
 	l.record(actor.From(ctx), sandbox, task, kind, data)
 }
 
+// RecordCommandEnd is RecordBy for the event of a command's end: cmd's
+// end record (store.Store.EndCommand) is written in the transaction that
+// stores the event, so that the two commit together, in one commit,
+// without the caller waiting for it. Until then (and if the control
+// plane crashes first) the command's record has no end; the recovery at
+// the next start closes it (see sandbox.Manager.Reconcile).
+func (l *Log) RecordCommandEnd(ctx context.Context, sandbox string, cmd *store.Command, kind string, data any) {
+	l.recordEvent(actor.From(ctx), sandbox, "", kind, data, cmd)
+}
+
 func (l *Log) record(by actor.Actor, sandbox, task, kind string, data any) {
+	l.recordEvent(by, sandbox, task, kind, data, nil)
+}
+
+func (l *Log) recordEvent(by actor.Actor, sandbox, task, kind string, data any, ends *store.Command) {
 	b, err := json.Marshal(data)
 	if err != nil || len(b) == 0 || b[0] != '{' {
 		b = []byte("{}")
@@ -111,9 +125,15 @@ func (l *Log) record(by actor.Actor, sandbox, task, kind string, data any) {
 	defer l.mu.RUnlock()
 	if l.closed {
 		l.log.Error("audit event after close", "sandbox", sandbox, "kind", kind)
+		if ends != nil {
+			// Not lost with the event: written at once.
+			if err := l.st.EndCommand(context.Background(), ends); err != nil {
+				l.log.Error("record command end", "sandbox", sandbox, "err", err)
+			}
+		}
 		return
 	}
-	ev := &store.Event{At: time.Now().UTC(), SandboxID: sandbox, TaskID: task, Team: by.Team, KeyID: by.KeyID, Kind: kind, Data: json.RawMessage(b)}
+	ev := &store.Event{At: time.Now().UTC(), SandboxID: sandbox, TaskID: task, Team: by.Team, KeyID: by.KeyID, Kind: kind, Data: json.RawMessage(b), EndsCommand: ends}
 	if l.observe != nil {
 		l.observe(ev)
 	}
@@ -187,6 +207,15 @@ func (l *Log) run() {
 			if err != nil {
 				l.log.Error("audit log write failed", "events", len(batch), "err", err)
 				l.failures.Add(1)
+				// The events are lost; the command end records they
+				// carried are tried alone.
+				for _, ev := range batch {
+					if ev.EndsCommand != nil {
+						if err := l.st.EndCommand(context.Background(), ev.EndsCommand); err != nil {
+							l.log.Error("record command end", "sandbox", ev.SandboxID, "err", err)
+						}
+					}
+				}
 			}
 			batch = batch[:0]
 			l.wmu.Lock()

@@ -450,7 +450,12 @@ type CallTicket struct {
 // BeginCall admits one tool call (a command) of task id in sandbox, or
 // refuses it with a *TripError. Admitting counts it against max_calls; the
 // call that would exceed the budget opens the breaker and is refused.
-func (g *Governor) BeginCall(ctx context.Context, id, sandbox, command string) (*CallTicket, error) {
+// With rec non-nil, an admitted call's command record is inserted in the
+// transaction that stores the counter (store.Store.StartCommand), and
+// rec.ID is set: one commit, before the command runs. The count is
+// exact under concurrency: it is taken and stored under the governor's
+// lock.
+func (g *Governor) BeginCall(ctx context.Context, id, sandbox, command string, rec *store.Command) (*CallTicket, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	ts, err := g.state(ctx, id)
@@ -468,7 +473,15 @@ func (g *Governor) BeginCall(ctx context.Context, id, sandbox, command string) (
 		return nil, refusal(ts.t)
 	}
 	ts.t.Usage.Calls++
-	g.persist(ts)
+	if rec == nil {
+		g.persist(ts)
+	} else if rid, err := g.st.StartCommand(context.WithoutCancel(ctx), rec, ts.t); err != nil {
+		g.cfg.Log.Error("record command", "task", id, "sandbox", sandbox, "err", err)
+		g.persist(ts)
+	} else {
+		ts.dirty = false
+		rec.ID = rid
+	}
 	return &CallTicket{g: g, task: id, sandbox: sandbox, command: command}, nil
 }
 

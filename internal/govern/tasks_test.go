@@ -74,13 +74,13 @@ func TestCallBudgetTripsAndReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 2; i++ {
-		c, err := f.g.BeginCall(ctx, tk.ID, "sb", "echo "+string(rune('a'+i)))
+		c, err := f.g.BeginCall(ctx, tk.ID, "sb", "echo "+string(rune('a'+i)), nil)
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
 		c.End(0, false)
 	}
-	_, err = f.g.BeginCall(ctx, tk.ID, "sb", "echo c")
+	_, err = f.g.BeginCall(ctx, tk.ID, "sb", "echo c", nil)
 	if got := tripCode(err); got != "budget_exhausted/max_calls" {
 		t.Fatalf("third call: %v (%s)", err, got)
 	}
@@ -100,7 +100,7 @@ func TestCallBudgetTripsAndReset(t *testing.T) {
 	if _, err := f.g.Change(ctx, tk.ID, BudgetChange{MaxCalls: &calls, Reset: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.g.BeginCall(ctx, tk.ID, "sb", "echo d"); err != nil {
+	if _, err := f.g.BeginCall(ctx, tk.ID, "sb", "echo d", nil); err != nil {
 		t.Fatalf("after reset: %v", err)
 	}
 	for _, k := range []string{"task.created", "task.breaker_open", "task.call_refused", "task.changed"} {
@@ -137,7 +137,7 @@ func TestOtherBudgets(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.spend(f, tk.ID)
-			_, err = f.g.BeginCall(ctx, tk.ID, "sb", "ls")
+			_, err = f.g.BeginCall(ctx, tk.ID, "sb", "ls", nil)
 			if got := tripCode(err); got != "budget_exhausted/"+tc.budget {
 				t.Fatalf("call after spending: %v (%s)", err, got)
 			}
@@ -174,7 +174,7 @@ func TestMaxSandboxesAndEnd(t *testing.T) {
 	if ended := <-f.trips; ended.State != store.TaskEnded {
 		t.Fatalf("OnTrip got %+v", ended)
 	}
-	if _, err := f.g.BeginCall(ctx, tk.ID, "s2", "ls"); tripCode(err) != "task_ended/" {
+	if _, err := f.g.BeginCall(ctx, tk.ID, "s2", "ls", nil); tripCode(err) != "task_ended/" {
 		t.Fatalf("call after end: %v", err)
 	}
 	if err := f.g.Refusal(ctx, tk.ID); tripCode(err) != "task_ended/" {
@@ -191,7 +191,7 @@ func TestLoopOpensBreaker(t *testing.T) {
 	}
 	var warned bool
 	for i := 0; i < 20; i++ {
-		c, err := f.g.BeginCall(ctx, tk.ID, "sb", "pip install requests==2.99")
+		c, err := f.g.BeginCall(ctx, tk.ID, "sb", "pip install requests==2.99", nil)
 		if err != nil {
 			if tripCode(err) != "loop_detected/" {
 				t.Fatalf("call %d: %v", i, err)

@@ -249,5 +249,5 @@ func (m *Manager) BeginToolCall(ctx context.Context, id, what string) (*govern.C
 	if m.cfg.Governor == nil || task == "" {
 		return nil, nil
 	}
-	return m.cfg.Governor.BeginCall(ctx, task, id, what)
+	return m.cfg.Governor.BeginCall(ctx, task, id, what, nil)
 }

@@ -75,30 +75,7 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 	cfg := req.GetProcess()
 	cmdText := strings.Join(append([]string{cfg.GetCmd()}, cfg.GetArgs()...), " ")
 	task := m.taskOf(id)
-	var call *govern.CallTicket
-	if m.cfg.Governor != nil && task != "" {
-		var err error
-		if call, err = m.cfg.Governor.BeginCall(ctx, task, id, shownCommand(cfg.GetCmd(), cfg.GetArgs())); err != nil {
-			return nil, err
-		}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	creq := connect.NewRequest(req)
-	if user != "" {
-		creq.Header().Set("Authorization", agentclient.BasicUser(user))
-	}
-	p := &Process{m: m, id: id, task: task, call: call, cancel: cancel, by: context.WithoutCancel(ctx)}
-	if n, err := m.oomKills(id); err == nil {
-		p.oomStart = n
-	}
-	stream, err := m.ProcessClient(id).Start(agentclient.WithLifetime(ctx, lifetime), creq)
-	if err != nil {
-		cancel()
-		call.End(-1, true)
-		return nil, err
-	}
-	p.stream = stream
-	m.touch(id, 1)
+	p := &Process{m: m, id: id, task: task, by: context.WithoutCancel(ctx)}
 	p.rec = store.Command{
 		SandboxID: id, StartedAt: time.Now().UTC(),
 		Command: cmdText,
@@ -107,9 +84,43 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 	if p.rec.User == "" {
 		p.rec.User = "user"
 	}
-	if rid, err := m.store.StartCommand(context.WithoutCancel(ctx), &p.rec); err == nil {
+	// The command's record (and, for a task, the call counter with it,
+	// in one commit) is stored before the command runs: a command that
+	// ran always has a record, and a call counted after a crash.
+	if m.cfg.Governor != nil && task != "" {
+		var err error
+		if p.call, err = m.cfg.Governor.BeginCall(ctx, task, id, shownCommand(cfg.GetCmd(), cfg.GetArgs()), &p.rec); err != nil {
+			return nil, err
+		}
+	} else if rid, err := m.store.StartCommand(context.WithoutCancel(ctx), &p.rec, nil); err == nil {
 		p.rec.ID = rid
+	} else {
+		m.log.Error("record command", "sandbox", id, "err", err)
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	p.cancel = cancel
+	creq := connect.NewRequest(req)
+	if user != "" {
+		creq.Header().Set("Authorization", agentclient.BasicUser(user))
+	}
+	if n, err := m.oomKills(id); err == nil {
+		p.oomStart = n
+	}
+	stream, err := m.ProcessClient(id).Start(agentclient.WithLifetime(ctx, lifetime), creq)
+	if err != nil {
+		cancel()
+		p.call.End(-1, true)
+		if p.rec.ID != 0 {
+			now := time.Now().UTC()
+			p.rec.EndedAt, p.rec.EndReason = &now, clipReason("start: "+err.Error())
+			if err := m.store.EndCommand(context.Background(), &p.rec); err != nil {
+				m.log.Error("record command end", "sandbox", id, "err", err)
+			}
+		}
+		return nil, err
+	}
+	p.stream = stream
+	m.touch(id, 1)
 	if m.cfg.OnCommand != nil {
 		m.cfg.OnCommand(id)
 	}
@@ -163,15 +174,7 @@ func (p *Process) finish(end *process.ProcessEvent_EndEvent, err error) {
 		p.rec.TimedOut = end.GetTimedOut()
 		p.rec.EndReason = end.GetEndReason()
 	} else if err != nil {
-		p.rec.EndReason = "stream: " + err.Error()
-		if len(p.rec.EndReason) > 200 {
-			p.rec.EndReason = p.rec.EndReason[:200]
-		}
-	}
-	if p.rec.ID != 0 {
-		if err := p.m.store.EndCommand(context.Background(), &p.rec); err != nil {
-			p.m.log.Error("record command end", "sandbox", p.id, "err", err)
-		}
+		p.rec.EndReason = clipReason("stream: " + err.Error())
 	}
 	exit, failed := -1, true
 	if p.rec.ExitCode != nil {
@@ -180,12 +183,42 @@ func (p *Process) finish(end *process.ProcessEvent_EndEvent, err error) {
 	}
 	p.warnings = p.call.End(exit, failed)
 	lim := int64(p.m.cfg.MaxOutput)
-	p.m.auditBy(p.by, p.id, "command", map[string]any{
+	data := map[string]any{
 		"command": clipCommand(p.rec.Command), "cwd": p.rec.Cwd, "user": p.rec.User, "exit_code": p.rec.ExitCode,
 		"duration_ms": now.Sub(p.rec.StartedAt).Milliseconds(), "stdout_bytes": p.rec.StdoutBytes, "stderr_bytes": p.rec.StderrBytes,
 		"truncated": lim > 0 && (p.rec.StdoutBytes > lim || p.rec.StderrBytes > lim), "timed_out": p.rec.TimedOut,
 		"end_reason": p.rec.EndReason, "warnings": p.warnings,
-	})
+	}
+	if p.rec.ID == 0 {
+		p.m.auditBy(p.by, p.id, "command", data)
+		return
+	}
+	// The end record goes with the command's audit event, in one commit
+	// of the audit writer, which the answer does not wait for (see
+	// audit.Log.RecordCommandEnd; docs/brakes.md, "Durability").
+	rec := p.rec
+	if ce, ok := p.m.cfg.Audit.(commandEndRecorder); ok {
+		ce.RecordCommandEnd(p.by, p.id, &rec, "command", data)
+		return
+	}
+	if err := p.m.store.EndCommand(context.Background(), &rec); err != nil {
+		p.m.log.Error("record command end", "sandbox", p.id, "err", err)
+	}
+	p.m.auditBy(p.by, p.id, "command", data)
+}
+
+// commandEndRecorder is an audit log that stores a command's end record
+// with its event (*audit.Log).
+type commandEndRecorder interface {
+	RecordCommandEnd(ctx context.Context, sandbox string, cmd *store.Command, kind string, data any)
+}
+
+// clipReason bounds an end reason made from an error.
+func clipReason(s string) string {
+	if len(s) > 200 {
+		return s[:200]
+	}
+	return s
 }
 
 // Warnings returns what the governor said about the command once it ended

@@ -77,7 +77,7 @@ func TestReplicasShareOneStore(t *testing.T) {
 			for range writers {
 				wg.Go(func() {
 					for range perWriter {
-						id, err := s.StartCommand(ctx, &Command{SandboxID: "sb", StartedAt: now, Command: "true"})
+						id, err := s.StartCommand(ctx, &Command{SandboxID: "sb", StartedAt: now, Command: "true"}, nil)
 						if err != nil {
 							errs <- err
 							return

@@ -114,7 +114,7 @@ func TestPruneCommands(t *testing.T) {
 		var ids []int64
 		for i := 0; i < 10; i++ {
 			c := &Command{SandboxID: "sb", StartedAt: t0.Add(time.Duration(i) * time.Hour), Command: fmt.Sprint("cmd ", i)}
-			id, err := s.StartCommand(ctx, c)
+			id, err := s.StartCommand(ctx, c, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

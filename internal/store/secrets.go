@@ -118,6 +118,10 @@ type Event struct {
 	KeyID string          `json:"key_id"`
 	Kind  string          `json:"kind"`
 	Data  json.RawMessage `json:"data"`
+	// EndsCommand, when set, is a command's end record (see
+	// Store.EndCommand) written in the transaction that appends the
+	// event: the end record and the event commit together or not at all.
+	EndsCommand *Command `json:"-"`
 }
 
 // AppendEvent stores ev (ID and, when zero, At and TaskID are set; see
@@ -276,6 +280,11 @@ func appendEvents(ctx context.Context, tx *tx, evs []*Event) error {
 		}
 		if err := stmt.QueryRowContext(ctx, ev.At.UnixMicro(), ev.SandboxID, ev.TaskID, ev.Team, ev.KeyID, ev.Kind, string(data)).Scan(&ev.ID); err != nil {
 			return fmt.Errorf("append %s event: %w", ev.Kind, err)
+		}
+		if ev.EndsCommand != nil {
+			if err := endCommand(ctx, tx, ev.EndsCommand); err != nil {
+				return fmt.Errorf("record end of command %d: %w", ev.EndsCommand.ID, err)
+			}
 		}
 	}
 	return nil

@@ -567,10 +567,20 @@ type Command struct {
 }
 
 // StartCommand records a command as started and returns its record id.
-func (s *Store) StartCommand(ctx context.Context, c *Command) (int64, error) {
+// With task non-nil, the task's state and usage (its call counter) are
+// written in the same transaction: one commit admits the call and
+// records the command, before the command runs.
+func (s *Store) StartCommand(ctx context.Context, c *Command, task *Task) (int64, error) {
 	var id int64
-	err := s.db.QueryRowContext(ctx, `INSERT INTO commands (sandbox_id, started_at, command, cwd, "user")
+	err := s.db.inTx(ctx, false, func(tx *tx) error {
+		if task != nil {
+			if err := updateTask(ctx, tx, task); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRowContext(ctx, `INSERT INTO commands (sandbox_id, started_at, command, cwd, "user")
 		VALUES (?,?,?,?,?) RETURNING id`, c.SandboxID, ms(c.StartedAt), c.Command, c.Cwd, c.User).Scan(&id)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("record command: %w", err)
 	}
@@ -579,16 +589,25 @@ func (s *Store) StartCommand(ctx context.Context, c *Command) (int64, error) {
 
 // EndCommand records how a command ended.
 func (s *Store) EndCommand(ctx context.Context, c *Command) error {
+	if err := endCommand(ctx, s.db, c); err != nil {
+		return fmt.Errorf("record command end: %w", err)
+	}
+	return nil
+}
+
+// execer runs statements: a *db or a *tx.
+type execer interface {
+	ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
+}
+
+func endCommand(ctx context.Context, e execer, c *Command) error {
 	var ended int64
 	if c.EndedAt != nil {
 		ended = ms(*c.EndedAt)
 	}
-	_, err := s.db.ExecContext(ctx, `UPDATE commands SET ended_at=?, exit_code=?, stdout_bytes=?, stderr_bytes=?,
+	_, err := e.ExecContext(ctx, `UPDATE commands SET ended_at=?, exit_code=?, stdout_bytes=?, stderr_bytes=?,
 		timed_out=?, end_reason=? WHERE id=?`, ended, c.ExitCode, c.StdoutBytes, c.StderrBytes, b2i(c.TimedOut), c.EndReason, c.ID)
-	if err != nil {
-		return fmt.Errorf("record command end: %w", err)
-	}
-	return nil
+	return err
 }
 
 // EndOpenCommands marks every command of a sandbox that has no end as

@@ -27,7 +27,7 @@ func TestRecordsSurviveReopen(t *testing.T) {
 		if err := s.InsertSandbox(ctx, sb); err == nil {
 			t.Fatal("duplicate id accepted")
 		}
-		cid, err := s.StartCommand(ctx, &Command{SandboxID: "abc", StartedAt: now, Command: "echo hi", User: "user"})
+		cid, err := s.StartCommand(ctx, &Command{SandboxID: "abc", StartedAt: now, Command: "echo hi", User: "user"}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

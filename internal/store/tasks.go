@@ -91,6 +91,10 @@ func (s *Store) InsertTask(ctx context.Context, t *Task) error {
 
 // UpdateTask stores t's state, budgets, usage, breaker and end time.
 func (s *Store) UpdateTask(ctx context.Context, t *Task) error {
+	return updateTask(ctx, s.db, t)
+}
+
+func updateTask(ctx context.Context, e execer, t *Task) error {
 	b, _ := json.Marshal(t.Budgets)
 	u, _ := json.Marshal(t.Usage)
 	br, _ := json.Marshal(t.Breaker)
@@ -98,7 +102,7 @@ func (s *Store) UpdateTask(ctx context.Context, t *Task) error {
 	if t.EndedAt != nil {
 		ended = ms(*t.EndedAt)
 	}
-	r, err := s.db.ExecContext(ctx, `UPDATE tasks SET state=?, budgets=?, usage=?, breaker=?, ended_at=? WHERE id=?`,
+	r, err := e.ExecContext(ctx, `UPDATE tasks SET state=?, budgets=?, usage=?, breaker=?, ended_at=? WHERE id=?`,
 		t.State, string(b), string(u), string(br), ended, t.ID)
 	if err != nil {
 		return fmt.Errorf("update task %s: %w", t.ID, err)
