@@ -238,7 +238,29 @@ func (postgresDialect) isRetryable(err error) bool {
 // dialect.
 type db struct {
 	sql *sql.DB
-	d   dialect
+	// read, when set, serves the queries made outside a transaction
+	// (SQLite: a pool of read-only connections, so that a read never
+	// waits for the one writer connection's commit); nil: sql serves
+	// them.
+	read *sql.DB
+	d    dialect
+}
+
+// reader is the pool of queries outside a transaction.
+func (c *db) reader() *sql.DB {
+	if c.read != nil {
+		return c.read
+	}
+	return c.sql
+}
+
+// close closes the pools.
+func (c *db) close() error {
+	err := c.sql.Close()
+	if c.read != nil {
+		err = errors.Join(err, c.read.Close())
+	}
+	return err
 }
 
 // querier runs queries: a *db or a *tx.
@@ -250,12 +272,15 @@ func (c *db) ExecContext(ctx context.Context, q string, args ...any) (sql.Result
 	return c.sql.ExecContext(ctx, c.d.query(q), args...)
 }
 
+// QueryContext runs a read outside a transaction (on the read pool).
 func (c *db) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	return c.sql.QueryContext(ctx, c.d.query(q), args...)
+	return c.reader().QueryContext(ctx, c.d.query(q), args...)
 }
 
+// QueryRowContext runs a one-row read outside a transaction (on the
+// read pool); a statement that writes goes in a transaction (inTx).
 func (c *db) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
-	return c.sql.QueryRowContext(ctx, c.d.query(q), args...)
+	return c.reader().QueryRowContext(ctx, c.d.query(q), args...)
 }
 
 // Exec is ExecContext without a context (tests).

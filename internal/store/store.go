@@ -159,8 +159,29 @@ func openSQLite(path string) (*Store, error) {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	sdb.SetMaxOpenConns(1) // one writer; SQLite serialises anyway
-	return openDB(sdb, sqliteDialect{})
+	st, err := openDB(sdb, sqliteDialect{})
+	if err != nil {
+		return nil, err
+	}
+	// Readers of a WAL database do not wait for its writer: reads
+	// outside a transaction get read-only connections of their own, so
+	// that an API key lookup never queues behind the audit writer's
+	// commit. A reader sees every transaction committed before its query
+	// began.
+	rdb, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=query_only(1)")
+	if err != nil {
+		sdb.Close()
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	rdb.SetMaxOpenConns(SQLiteReadConns)
+	rdb.SetMaxIdleConns(SQLiteReadConns)
+	st.db.read = rdb
+	return st, nil
 }
+
+// SQLiteReadConns bounds a SQLite store's read-only connections (besides
+// its one writer).
+const SQLiteReadConns = 4
 
 // Pool bounds of a PostgreSQL store's connections (per control plane).
 const (
@@ -260,7 +281,7 @@ var addedColumns = []struct{ table, column, def string }{
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.sql.Close() }
+func (s *Store) Close() error { return s.db.close() }
 
 // Resources are a sandbox's recorded limits.
 type Resources struct {
