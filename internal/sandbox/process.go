@@ -56,9 +56,12 @@ type Process struct {
 	rec      store.Command
 	oomStart uint64
 	done     bool
-	task     string
-	call     *govern.CallTicket
-	warnings []string
+	// ended: the end event was received; drained: Close read the rest
+	// of the stream.
+	ended, drained bool
+	task           string
+	call           *govern.CallTicket
+	warnings       []string
 	// by carries the actor (team, API key id) of the request that
 	// started the command, for its audit event.
 	by context.Context
@@ -153,6 +156,7 @@ func (p *Process) Receive() (*process.StartResponse, error) {
 				end.EndReason = EndOOM
 			}
 		}
+		p.ended = true
 		p.finish(end, nil)
 	}
 	return msg, nil
@@ -249,8 +253,23 @@ func clipCommand(s string) string {
 	return s
 }
 
-// Close releases the stream.
+// drainTimeout bounds how long Close waits for the rest of a stream
+// whose command ended (the agent's end of stream follows its end event
+// at once; a fake agent may not send it).
+const drainTimeout = 100 * time.Millisecond
+
+// Close releases the stream. After the command's end event the rest of
+// the stream is read first (for at most drainTimeout), so that its
+// connection to the agent is reused by the next call instead of being
+// closed and dialled again.
 func (p *Process) Close() {
+	if p.ended && !p.drained {
+		p.drained = true
+		t := time.AfterFunc(drainTimeout, p.cancel)
+		for p.stream.Receive() {
+		}
+		t.Stop()
+	}
 	p.cancel()
 	_ = p.stream.Close()
 	p.finish(nil, fmt.Errorf("closed"))

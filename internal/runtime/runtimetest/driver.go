@@ -75,6 +75,8 @@ type Driver struct {
 	startHook func(runtime.Config) error
 	// starts and stops count calls (for assertions); guarded by mu.
 	starts, stops int
+	// dials counts agent connections by sandbox id; guarded by mu.
+	dials map[string]int
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -207,7 +209,20 @@ func (d *Driver) Dial(ctx context.Context, id string) (net.Conn, error) {
 	if a == nil {
 		return nil, fmt.Errorf("dial agent of %s: connection refused (sandbox init exited)", id)
 	}
+	d.mu.Lock()
+	if d.dials == nil {
+		d.dials = map[string]int{}
+	}
+	d.dials[id]++
+	d.mu.Unlock()
 	return a.dial(ctx)
+}
+
+// Dials returns how many connections to sandbox id's agent were dialled.
+func (d *Driver) Dials(id string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dials[id]
 }
 
 // Stats returns the stats the test set (SetStats, OOM, OOMKillCommands).
