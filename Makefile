@@ -10,7 +10,11 @@ LISTEN   ?= 127.0.0.1:7420
 # Debian packages the server and the tests need (python3 and python3-venv:
 # the Python SDK is installed into a venv and tested, test/integration/python_test.go;
 # chromium: the console's browser test, test/integration/console_test.go).
-DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates python3 python3-venv postgresql chromium
+DEB_PKGS := runc runsc debootstrap iproute2 nftables protobuf-compiler ca-certificates python3
+# What only the tests need: python3-venv (the Python SDK's tests), postgresql
+# (the store's second backend, started by the tests on 127.0.0.1), chromium
+# (the console's browser tests).
+TEST_PKGS := python3-venv postgresql chromium
 
 # gVisor: runsc built from the Go module proxy at the version pinned in
 # internal/runtime/oci/runsc.version (the one place; the server reads the
@@ -21,7 +25,7 @@ RUNSC_VERSION := $(shell cat internal/runtime/oci/runsc.version)
 RUNSC_CACHE   ?= /var/cache/corral/runsc
 RUNSC         := $(RUNSC_CACHE)/$(RUNSC_VERSION)/runsc
 
-.PHONY: run test build deps runsc e2b-deps mcp-deps ui-deps code-interpreter kube-tools vet bench bench-deps proto clean
+.PHONY: run test build deps test-deps install-pkgs runsc e2b-deps mcp-deps ui-deps code-interpreter kube-tools vet bench bench-deps proto clean
 
 # corral-agent, beside corral, is the lean agent and supervisor the server
 # runs beside and inside sandboxes (docs/performance.md, "Idle sandbox density").
@@ -30,7 +34,13 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(dir $(BIN))corral-agent ./cmd/corral-agent
 
 deps:
-	@missing=""; for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	@$(MAKE) --no-print-directory install-pkgs PKGS="$(DEB_PKGS)"
+
+test-deps:
+	@$(MAKE) --no-print-directory install-pkgs PKGS="$(TEST_PKGS)"
+
+install-pkgs:
+	@missing=""; for p in $(PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
@@ -60,7 +70,7 @@ mcp-deps:
 		{ npm ci --prefix test/mcp --no-audit --no-fund --loglevel=error && cp test/mcp/package-lock.json test/mcp/node_modules/.package-lock.json.src; }
 
 # playwright-core (npm, pinned in test/ui/package-lock.json) drives Debian's
-# chromium (DEB_PKGS) in the console's browser test (TestConsole). It
+# chromium (TEST_PKGS) in the console's browser test (TestConsole). It
 # downloads no browser of its own.
 ui-deps:
 	@command -v node >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
@@ -94,7 +104,7 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
-test: deps e2b-deps mcp-deps ui-deps runsc build code-interpreter kube-tools vet
+test: deps test-deps e2b-deps mcp-deps ui-deps runsc build code-interpreter kube-tools vet
 	$(GO) test -count=1 -timeout 45m ./...
 
 # Docker (Debian's docker.io) for the benchmarks' Docker baseline
