@@ -56,6 +56,16 @@ type transport struct {
 	token string
 }
 
+// CloseIdleConnections closes the idle connections of the transport it
+// wraps: without it http.Client.CloseIdleConnections does nothing through
+// the wrapper, and connections to a paused or ended sandbox's agent (or
+// to the socket sandbox root replaced) would stay pooled.
+func (t transport) CloseIdleConnections() {
+	if c, ok := t.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 func (t transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	if skip, _ := r.Context().Value(noTokenKey{}).(bool); skip {
