@@ -153,8 +153,12 @@ func TestMCPSessionEndKillsSandbox(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The task ends after the sandboxes are killed: wait for it too.
 	var task struct{ State string }
-	if e.call("GET", "/v1/tasks/"+sb.Task, keyAlpha, nil, &task); task.State != "ended" {
-		t.Errorf("the session's task is %q after the session", task.State)
+	for e.call("GET", "/v1/tasks/"+sb.Task, keyAlpha, nil, &task); task.State != "ended"; e.call("GET", "/v1/tasks/"+sb.Task, keyAlpha, nil, &task) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the session's task is %q after the session", task.State)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
