@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -135,19 +134,12 @@ func printCreated(asJSON bool, v any, id string) error {
 	if asJSON {
 		return printJSON(v)
 	}
-	_, err := fmt.Println(id)
+	_, err := termPrintln(os.Stdout, id)
 	return err
 }
 
-func printJSON(v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	b = append(b, '\n')
-	_, err = os.Stdout.Write(b)
-	return err
-}
+// printJSON prints v as indented JSON (writeJSON): --json output.
+func printJSON(v any) error { return writeJSON(os.Stdout, v, true) }
 
 // sandboxFlags are the flags that describe a new sandbox.
 type sandboxFlags struct {
@@ -288,7 +280,7 @@ func netMode(mode string, allow []string) (string, error) {
 // printWarnings shows the server's warnings about a new sandbox.
 func printWarnings(sb *corral.Sandbox) {
 	for _, w := range sb.Warnings {
-		fmt.Fprintln(os.Stderr, "corral: warning:", w)
+		termPrintln(os.Stderr, "corral: warning:", w)
 	}
 }
 

@@ -137,7 +137,9 @@ func runCLI(t *testing.T, args ...string) (string, string, int) {
 		if asExitCoder(err, &ec) {
 			code = ec.ExitCode()
 		} else {
-			stderr = append(stderr, []byte("corral: "+err.Error()+"\n")...)
+			var b strings.Builder
+			printError(&b, err)
+			stderr = append(stderr, b.String()...)
 			code = 1
 		}
 	}

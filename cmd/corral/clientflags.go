@@ -15,9 +15,9 @@ import (
 
 // usageError makes corral print msg, a hint to --help, and exit with 2.
 func usageError(cmd *cobra.Command, format string, args ...any) error {
-	fmt.Fprintf(os.Stderr, "corral: %s\n", fmt.Sprintf(format, args...))
+	termPrintf(os.Stderr, "corral: %s\n", fmt.Sprintf(format, args...))
 	if cmd != nil {
-		fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		termPrintf(os.Stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 	}
 	return exitError{2}
 }

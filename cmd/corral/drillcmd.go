@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -75,7 +76,7 @@ only when every brake held. Sandboxes it creates are killed at the end.`,
 					status = "FAILED"
 					failed++
 				}
-				fmt.Printf("%-7s %-14s %-60s %6.2fs %s\n", status, d.name, detail, took.Seconds(), ev)
+				termPrintf(os.Stdout, "%-7s %-14s %-60s %6.2fs %s\n", status, d.name, detail, took.Seconds(), ev)
 				_, _ = c.EndTask(context.WithoutCancel(ctx), t.ID)
 			}
 			if failed > 0 {

@@ -44,8 +44,8 @@ last unrevoked admin key cannot be revoked.`,
 			if asJSON {
 				return printJSON(k)
 			}
-			fmt.Printf("id:   %s\nteam: %s\nrole: %s\nname: %s\n%s\n", k.ID, k.Team, k.Role, k.Name, k.Key)
-			fmt.Fprintln(os.Stderr, "corral: keep the key now: the server stores only its hash and never shows it again")
+			termPrintf(os.Stdout, "id:   %s\nteam: %s\nrole: %s\nname: %s\n%s\n", k.ID, k.Team, k.Role, k.Name, k.Key)
+			termPrintln(os.Stderr, "corral: keep the key now: the server stores only its hash and never shows it again")
 			return nil
 		}),
 	}
@@ -76,7 +76,7 @@ last unrevoked admin key cannot be revoked.`,
 				if k.RevokedAt != nil {
 					revoked = k.RevokedAt.Local().Format(time.DateTime)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Team, k.Role, k.Name, k.CreatedAt.Local().Format(time.DateTime), revoked)
+				termPrintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Team, k.Role, k.Name, k.CreatedAt.Local().Format(time.DateTime), revoked)
 			}
 			return tw.Flush()
 		}),
@@ -96,7 +96,7 @@ last unrevoked admin key cannot be revoked.`,
 			if k.RevokedAt != nil {
 				at = " at " + k.RevokedAt.Local().Format(time.DateTime)
 			}
-			fmt.Printf("key %s (team %s, %s) revoked%s\n", k.ID, k.Team, k.Role, at)
+			termPrintf(os.Stdout, "key %s (team %s, %s) revoked%s\n", k.ID, k.Team, k.Role, at)
 			return nil
 		}),
 	}

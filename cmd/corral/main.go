@@ -3,7 +3,7 @@
 package main
 
 import (
-	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -23,7 +23,14 @@ func main() {
 		if asExitCoder(err, &ec) {
 			os.Exit(ec.ExitCode())
 		}
-		fmt.Fprintln(os.Stderr, "corral:", err)
+		printError(os.Stderr, err)
 		os.Exit(failureCode(err))
 	}
+}
+
+// printError prints the error a command returned, as main does: one
+// line "corral: MESSAGE" through termSafe (the message may carry what a
+// server or a sandbox wrote).
+func printError(w io.Writer, err error) {
+	termPrintln(w, "corral:", err)
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -53,13 +52,13 @@ sandbox's next connection and DNS query, without restarting it.
 				return printJSON(n)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "mode:\t%s\n", n.Mode)
-			fmt.Fprintf(tw, "allow:\t%s\n", orDash(strings.Join(n.Allow, " ")))
-			fmt.Fprintf(tw, "secrets:\t%s\n", orDash(strings.Join(n.Secrets, " ")))
+			termPrintf(tw, "mode:\t%s\n", n.Mode)
+			termPrintf(tw, "allow:\t%s\n", orDash(strings.Join(n.Allow, " ")))
+			termPrintf(tw, "secrets:\t%s\n", orDash(strings.Join(n.Secrets, " ")))
 			if n.Usage != nil {
-				fmt.Fprintf(tw, "connections:\t%d open\n", n.Usage.Conns)
-				fmt.Fprintf(tw, "bytes:\t%d\n", n.Usage.Bytes)
-				fmt.Fprintf(tw, "requests:\t%d in the last minute\n", n.Usage.Requests)
+				termPrintf(tw, "connections:\t%d open\n", n.Usage.Conns)
+				termPrintf(tw, "bytes:\t%d\n", n.Usage.Bytes)
+				termPrintf(tw, "requests:\t%d in the last minute\n", n.Usage.Requests)
 			}
 			return tw.Flush()
 		}),
@@ -144,7 +143,7 @@ func newSecretSetCmd(g *clientGlobals) *cobra.Command {
 			if s.AllowHTTP {
 				over = "over TLS and plain HTTP"
 			}
-			fmt.Printf("secret %s set for %s (header %s, %s); placeholder CORRAL_SECRET_%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, over, s.Name)
+			termPrintf(os.Stdout, "secret %s set for %s (header %s, %s); placeholder CORRAL_SECRET_%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, over, s.Name)
 			return nil
 		}),
 	}
@@ -182,7 +181,7 @@ func newSecretLsCmd(g *clientGlobals) *cobra.Command {
 				if s.AllowHTTP {
 					over = "tls,http"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, over, s.UpdatedAt.Local().Format(time.DateTime))
+				termPrintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, strings.Join(s.Hosts, ","), s.Header, over, s.UpdatedAt.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		}),
@@ -234,13 +233,11 @@ func newAuditCmd(g *clientGlobals) *cobra.Command {
 				}
 				for _, ev := range evs {
 					if asJSON {
-						b, err := json.Marshal(ev)
-						if err != nil {
+						if err := writeJSON(w, ev, false); err != nil {
 							return err
 						}
-						w.Write(append(b, '\n'))
 					} else {
-						fmt.Fprintf(w, "%s  %-12s %-16s %-20s %-20s %-22s %s\n", ev.Time.Local().Format("2006-01-02 15:04:05.000"),
+						termPrintf(w, "%s  %-12s %-16s %-20s %-20s %-22s %s\n", ev.Time.Local().Format("2006-01-02 15:04:05.000"),
 							orDash(ev.Team), orDash(ev.KeyID), orDash(ev.Sandbox), orDash(ev.Task), ev.Kind, ev.Data)
 					}
 					q.After = ev.ID
@@ -330,11 +327,7 @@ unlike "corral audit" it is not limited to 10000 events.`,
 					break
 				}
 				for _, ev := range evs {
-					b, err := json.Marshal(ev)
-					if err != nil {
-						return err
-					}
-					if _, err := w.Write(append(b, '\n')); err != nil {
+					if err := writeJSON(w, ev, false); err != nil {
 						return err
 					}
 					if first == 0 {
@@ -357,7 +350,7 @@ unlike "corral audit" it is not limited to 10000 events.`,
 				if err := os.Rename(out+".tmp", out); err != nil {
 					return err
 				}
-				fmt.Fprintf(os.Stderr, "exported %d events (ids %d..%d) to %s\n", n, first, last, out)
+				termPrintf(os.Stderr, "exported %d events (ids %d..%d) to %s\n", n, first, last, out)
 			}
 			return nil
 		}),

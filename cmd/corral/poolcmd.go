@@ -46,7 +46,7 @@ users' sandboxes and empty themselves when host memory runs low.`,
 			if err != nil {
 				return err
 			}
-			fmt.Printf("pool %s: min %d, max %d, max idle %s\n", p.Template, p.Min, p.Max, time.Duration(p.MaxIdleS)*time.Second)
+			termPrintf(os.Stdout, "pool %s: min %d, max %d, max idle %s\n", p.Template, p.Min, p.Max, time.Duration(p.MaxIdleS)*time.Second)
 			return nil
 		}),
 	}
@@ -73,7 +73,7 @@ users' sandboxes and empty themselves when host memory runs low.`,
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TEMPLATE\tMIN\tMAX\tTARGET\tIDLE\tHITS\tMISSES\tREFILL MS")
 			for _, p := range list {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.0f\n", p.Template, p.Min, p.Max, p.Target, p.Idle, p.Hits, p.Misses, p.RefillMSAvg)
+				termPrintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.0f\n", p.Template, p.Min, p.Max, p.Target, p.Idle, p.Hits, p.Misses, p.RefillMSAvg)
 			}
 			return tw.Flush()
 		}),

@@ -64,7 +64,7 @@ func runArgv(ctx context.Context, sb *corral.Sandbox, argv []string, f *commandF
 	}
 	res, err := sb.Run(ctx, argv[0], opts)
 	if ctx.Err() != nil {
-		fmt.Fprintln(os.Stderr, "corral: interrupted")
+		termPrintln(os.Stderr, "corral: interrupted")
 		return exitError{130}
 	}
 	if res == nil {
@@ -74,7 +74,7 @@ func runArgv(ctx context.Context, sb *corral.Sandbox, argv []string, f *commandF
 		return err
 	}
 	if res.EndReason != "" {
-		fmt.Fprintf(os.Stderr, "corral: command ended: %s\n", res.EndReason)
+		termPrintf(os.Stderr, "corral: command ended: %s\n", res.EndReason)
 	} else if err != nil {
 		return err
 	}
@@ -137,7 +137,7 @@ when it is not a terminal. Ctrl-C kills the sandbox.`,
 				kctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
 				if err := sb.Kill(kctx); err != nil && !corral.IsNotFound(err) {
-					fmt.Fprintf(os.Stderr, "corral: killing sandbox %s: %v\n", sb.ID, err)
+					termPrintf(os.Stderr, "corral: killing sandbox %s: %v\n", sb.ID, err)
 				}
 			}()
 			if !explicitTimeout {

@@ -121,7 +121,7 @@ func newSandboxLsCmd(g *clientGlobals) *cobra.Command {
 				} else if sb.EndReason != "" {
 					st += " (" + sb.EndReason + ")"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, st, sb.Template, sb.Runtime,
+				termPrintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, st, sb.Template, sb.Runtime,
 					humanDuration(now.Sub(sb.CreatedAt))+" ago", expires)
 			}
 			return tw.Flush()
@@ -177,22 +177,22 @@ func newSandboxGetCmd(g *clientGlobals) *cobra.Command {
 func printSandbox(w io.Writer, sb *corral.Sandbox) {
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
 	r := sb.Resources
-	fmt.Fprintf(tw, "id:\t%s\n", sb.ID)
-	fmt.Fprintf(tw, "state:\t%s\n", sb.State)
+	termPrintf(tw, "id:\t%s\n", sb.ID)
+	termPrintf(tw, "state:\t%s\n", sb.State)
 	if sb.EndReason != "" {
-		fmt.Fprintf(tw, "end reason:\t%s\n", sb.EndReason)
+		termPrintf(tw, "end reason:\t%s\n", sb.EndReason)
 	}
-	fmt.Fprintf(tw, "template:\t%s\n", sb.Template)
-	fmt.Fprintf(tw, "runtime:\t%s\n", sb.Runtime)
-	fmt.Fprintf(tw, "tier:\t%s\n", sb.Tier)
-	fmt.Fprintf(tw, "resources:\tcpu=%g memory=%dMiB disk=%dMiB pids=%d nofile=%d\n", r.CPU, r.MemoryMB, r.DiskMB, r.Pids, r.Nofile)
-	fmt.Fprintf(tw, "command timeout:\t%s\n", sb.CommandTimeout)
-	fmt.Fprintf(tw, "network:\t%s\n", sb.Network)
-	fmt.Fprintf(tw, "created:\t%s\n", sb.CreatedAt.Local().Format(time.RFC3339))
+	termPrintf(tw, "template:\t%s\n", sb.Template)
+	termPrintf(tw, "runtime:\t%s\n", sb.Runtime)
+	termPrintf(tw, "tier:\t%s\n", sb.Tier)
+	termPrintf(tw, "resources:\tcpu=%g memory=%dMiB disk=%dMiB pids=%d nofile=%d\n", r.CPU, r.MemoryMB, r.DiskMB, r.Pids, r.Nofile)
+	termPrintf(tw, "command timeout:\t%s\n", sb.CommandTimeout)
+	termPrintf(tw, "network:\t%s\n", sb.Network)
+	termPrintf(tw, "created:\t%s\n", sb.CreatedAt.Local().Format(time.RFC3339))
 	if sb.EndedAt != nil {
-		fmt.Fprintf(tw, "ended:\t%s\n", sb.EndedAt.Local().Format(time.RFC3339))
+		termPrintf(tw, "ended:\t%s\n", sb.EndedAt.Local().Format(time.RFC3339))
 	} else {
-		fmt.Fprintf(tw, "expires:\t%s\n", sb.ExpiresAt.Local().Format(time.RFC3339))
+		termPrintf(tw, "expires:\t%s\n", sb.ExpiresAt.Local().Format(time.RFC3339))
 	}
 	if len(sb.Metadata) > 0 {
 		var kv []string
@@ -200,7 +200,7 @@ func printSandbox(w io.Writer, sb *corral.Sandbox) {
 			kv = append(kv, k+"="+v)
 		}
 		slices.Sort(kv)
-		fmt.Fprintf(tw, "metadata:\t%s\n", strings.Join(kv, " "))
+		termPrintf(tw, "metadata:\t%s\n", strings.Join(kv, " "))
 	}
 	tw.Flush()
 }
@@ -217,7 +217,7 @@ func newSandboxKillCmd(g *clientGlobals) *cobra.Command {
 					if len(args) == 1 {
 						return err
 					}
-					fmt.Fprintf(os.Stderr, "corral: %s: %v\n", id, err)
+					termPrintf(os.Stderr, "corral: %s: %v\n", id, err)
 					failed = exitError{1}
 				}
 			}
@@ -288,7 +288,7 @@ func newSandboxTimeoutCmd(g *clientGlobals) *cobra.Command {
 			if err != nil {
 				return apiFailure(cmd, err)
 			}
-			fmt.Printf("%s expires at %s\n", sb.ID, sb.ExpiresAt.Local().Format(time.RFC3339))
+			termPrintf(os.Stdout, "%s expires at %s\n", sb.ID, sb.ExpiresAt.Local().Format(time.RFC3339))
 			return nil
 		},
 	}

@@ -48,7 +48,7 @@ func newSandboxSaveCmd(g *clientGlobals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Println(t.Ref)
+			termPrintln(os.Stdout, t.Ref)
 			return nil
 		}),
 	}
@@ -67,7 +67,7 @@ func newSandboxForkCmd(g *clientGlobals) *cobra.Command {
 			}
 			sbs, err := c.Fork(ctx, args[0], count)
 			for _, sb := range sbs { // those that started, also when some did not
-				fmt.Println(sb.ID)
+				termPrintln(os.Stdout, sb.ID)
 			}
 			return err
 		}),
@@ -100,7 +100,7 @@ func newSnapshotCmd(g *clientGlobals) *cobra.Command {
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tNAME\tSANDBOX\tTEMPLATE\tLAYERS\tSIZE")
 			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", s.ID, orDash(s.Name), s.Sandbox, s.Template, s.Layers, s.SizeBytes)
+				termPrintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", s.ID, orDash(s.Name), s.Sandbox, s.Template, s.Layers, s.SizeBytes)
 			}
 			return tw.Flush()
 		}),

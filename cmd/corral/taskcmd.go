@@ -74,19 +74,19 @@ func newTaskCreateCmd(g *clientGlobals) *cobra.Command {
 
 func printTask(t *corral.Task) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "id:\t%s\n", t.ID)
-	fmt.Fprintf(tw, "agent:\t%s\n", orDash(t.Agent))
-	fmt.Fprintf(tw, "state:\t%s\n", t.State)
+	termPrintf(tw, "id:\t%s\n", t.ID)
+	termPrintf(tw, "agent:\t%s\n", orDash(t.Agent))
+	termPrintf(tw, "state:\t%s\n", t.State)
 	if t.Breaker.Open {
-		fmt.Fprintf(tw, "breaker:\topen: %s %s (%s)\n", t.Breaker.Code, t.Breaker.Budget, t.Breaker.Reason)
+		termPrintf(tw, "breaker:\topen: %s %s (%s)\n", t.Breaker.Code, t.Breaker.Budget, t.Breaker.Reason)
 	}
 	b, u := t.Budgets, t.Usage
-	fmt.Fprintf(tw, "calls:\t%d / %d\n", u.Calls, b.MaxCalls)
-	fmt.Fprintf(tw, "tokens:\t%d / %d\n", u.Tokens, b.MaxTokens)
-	fmt.Fprintf(tw, "cpu seconds:\t%.1f / %.0f\n", u.CPUSeconds, b.MaxCPUSeconds)
-	fmt.Fprintf(tw, "sandboxes:\t%d running (max %d at once), %d created\n", len(t.Sandboxes), b.MaxSandboxes, u.Sandboxes)
-	fmt.Fprintf(tw, "duration:\t%s / %s\n", time.Since(t.CreatedAt).Round(time.Second), time.Duration(b.MaxDurationS)*time.Second)
-	fmt.Fprintf(tw, "on trip:\t%s\n", t.OnTrip)
+	termPrintf(tw, "calls:\t%d / %d\n", u.Calls, b.MaxCalls)
+	termPrintf(tw, "tokens:\t%d / %d\n", u.Tokens, b.MaxTokens)
+	termPrintf(tw, "cpu seconds:\t%.1f / %.0f\n", u.CPUSeconds, b.MaxCPUSeconds)
+	termPrintf(tw, "sandboxes:\t%d running (max %d at once), %d created\n", len(t.Sandboxes), b.MaxSandboxes, u.Sandboxes)
+	termPrintf(tw, "duration:\t%s / %s\n", time.Since(t.CreatedAt).Round(time.Second), time.Duration(b.MaxDurationS)*time.Second)
+	termPrintf(tw, "on trip:\t%s\n", t.OnTrip)
 	return tw.Flush()
 }
 
@@ -137,7 +137,7 @@ func newTaskLsCmd(g *clientGlobals) *cobra.Command {
 				if t.Breaker.Open {
 					br = strings.TrimSpace(t.Breaker.Code + " " + t.Breaker.Budget)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\n", t.ID, orDash(t.Agent), t.State, t.Usage.Calls, t.Budgets.MaxCalls, len(t.Sandboxes), br)
+				termPrintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\n", t.ID, orDash(t.Agent), t.State, t.Usage.Calls, t.Budgets.MaxCalls, len(t.Sandboxes), br)
 			}
 			return tw.Flush()
 		}),
@@ -225,7 +225,7 @@ func newTaskTokensCmd(g *clientGlobals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("%d / %d tokens\n", t.Usage.Tokens, t.Budgets.MaxTokens)
+			termPrintf(os.Stdout, "%d / %d tokens\n", t.Usage.Tokens, t.Budgets.MaxTokens)
 			return nil
 		}),
 	}

@@ -45,7 +45,7 @@ the quota (team_sandboxes, team_agent, team_cpu, team_memory, team_rate).`,
 			fmt.Fprintln(tw, "TEAM\tRUNNING\tWAITING\tCPUS\tMEMORY MB\tMAX SANDBOXES\tMAX PER AGENT\tMAX CPUS\tMAX MEMORY MB\tCREATE RATE")
 			for _, t := range list {
 				q, u := t.Quota, t.Usage
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%g\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Team, u.Running, u.Waiting, u.CPUs, u.MemoryMB,
+				termPrintf(tw, "%s\t%d\t%d\t%g\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Team, u.Running, u.Waiting, u.CPUs, u.MemoryMB,
 					limit(float64(q.MaxSandboxes)), limit(float64(q.MaxPerAgent)), limit(q.MaxCPUs), limit(float64(q.MaxMemoryMB)), limit(q.CreateRate))
 			}
 			return tw.Flush()
@@ -139,14 +139,14 @@ func printTeam(t *corral.Team) {
 		}
 		return "default"
 	}
-	fmt.Printf("team %s: %d running, %d waiting\n", t.Team, u.Running, u.Waiting)
+	termPrintf(os.Stdout, "team %s: %d running, %d waiting\n", t.Team, u.Running, u.Waiting)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "QUOTA\tLIMIT\tFROM\tUSED")
-	fmt.Fprintf(tw, "max-sandboxes\t%s\t%s\t%d\n", limit(float64(q.MaxSandboxes)), src(o.MaxSandboxes != nil), u.Running)
-	fmt.Fprintf(tw, "max-per-agent\t%s\t%s\t\n", limit(float64(q.MaxPerAgent)), src(o.MaxPerAgent != nil))
-	fmt.Fprintf(tw, "max-cpus\t%s\t%s\t%g\n", limit(q.MaxCPUs), src(o.MaxCPUs != nil), u.CPUs)
-	fmt.Fprintf(tw, "max-memory-mb\t%s\t%s\t%d\n", limit(float64(q.MaxMemoryMB)), src(o.MaxMemoryMB != nil), u.MemoryMB)
-	fmt.Fprintf(tw, "create-rate\t%s\t%s\t\n", limit(q.CreateRate), src(o.CreateRate != nil))
-	fmt.Fprintf(tw, "create-burst\t%s\t%s\t\n", limit(float64(q.CreateBurst)), src(o.CreateBurst != nil))
+	termPrintf(tw, "max-sandboxes\t%s\t%s\t%d\n", limit(float64(q.MaxSandboxes)), src(o.MaxSandboxes != nil), u.Running)
+	termPrintf(tw, "max-per-agent\t%s\t%s\t\n", limit(float64(q.MaxPerAgent)), src(o.MaxPerAgent != nil))
+	termPrintf(tw, "max-cpus\t%s\t%s\t%g\n", limit(q.MaxCPUs), src(o.MaxCPUs != nil), u.CPUs)
+	termPrintf(tw, "max-memory-mb\t%s\t%s\t%d\n", limit(float64(q.MaxMemoryMB)), src(o.MaxMemoryMB != nil), u.MemoryMB)
+	termPrintf(tw, "create-rate\t%s\t%s\t\n", limit(q.CreateRate), src(o.CreateRate != nil))
+	termPrintf(tw, "create-burst\t%s\t%s\t\n", limit(float64(q.CreateBurst)), src(o.CreateBurst != nil))
 	_ = tw.Flush()
 }

@@ -116,11 +116,11 @@ nothing. The new version becomes the template's current version.`,
 			if err != nil {
 				return usageError(cmd, "%v", err)
 			}
-			t, err := c.BuildTemplate(ctx, spec, func(line string) { fmt.Fprintln(os.Stderr, line) })
+			t, err := c.BuildTemplate(ctx, spec, func(line string) { termPrintln(os.Stderr, line) })
 			if err != nil {
 				return err
 			}
-			fmt.Println(t.Ref)
+			termPrintln(os.Stdout, t.Ref)
 			return nil
 		}),
 	}
@@ -158,7 +158,7 @@ nothing. The new version becomes the template's current version.`,
 				if team == "" {
 					team = "(published)"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", t.Ref, cur, team, t.Source, t.Layers, t.SizeBytes>>20, orDash(t.Parent), t.CreatedAt.Local().Format("2006-01-02 15:04"))
+				termPrintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", t.Ref, cur, team, t.Source, t.Layers, t.SizeBytes>>20, orDash(t.Parent), t.CreatedAt.Local().Format("2006-01-02 15:04"))
 			}
 			return tw.Flush()
 		}),
@@ -173,7 +173,7 @@ nothing. The new version becomes the template's current version.`,
 			if err != nil {
 				return err
 			}
-			fmt.Println(t.Ref)
+			termPrintln(os.Stdout, t.Ref)
 			return nil
 		}),
 	}
@@ -186,7 +186,7 @@ nothing. The new version becomes the template's current version.`,
 			if err != nil {
 				return err
 			}
-			fmt.Println(t.Name)
+			termPrintln(os.Stdout, t.Name)
 			return nil
 		}),
 	}
@@ -228,8 +228,8 @@ nothing. The new version becomes the template's current version.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprint(os.Stderr, res.Log)
-			fmt.Println(res.Template.Ref)
+			termPrintLines(os.Stderr, res.Log)
+			termPrintln(os.Stdout, res.Template.Ref)
 			return nil
 		}),
 	}
@@ -245,8 +245,8 @@ nothing. The new version becomes the template's current version.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprint(os.Stderr, res.Log)
-			fmt.Println(res.Template.Ref)
+			termPrintLines(os.Stderr, res.Log)
+			termPrintln(os.Stdout, res.Template.Ref)
 			return nil
 		}),
 	}
@@ -266,9 +266,9 @@ nothing. The new version becomes the template's current version.`,
 				return printJSON(layers)
 			}
 			for _, l := range layers {
-				fmt.Printf("%s: %d files, %.1f MB\n", l.Layer, l.Files, float64(l.Bytes)/(1<<20))
+				termPrintf(os.Stdout, "%s: %d files, %.1f MB\n", l.Layer, l.Files, float64(l.Bytes)/(1<<20))
 				for _, p := range l.Largest {
-					fmt.Printf("  %10.1f MB  %s\n", float64(p.Bytes)/(1<<20), p.Path)
+					termPrintf(os.Stdout, "  %10.1f MB  %s\n", float64(p.Bytes)/(1<<20), p.Path)
 				}
 			}
 			return nil

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/rivo/uniseg"
 )
@@ -338,84 +336,6 @@ func cmpDesc[T int64 | float64 | time.Duration](a, b T) int {
 	case a > b:
 		return -1
 	case a < b:
-		return 1
-	}
-	return 0
-}
-
-// termSafe returns s as text that cannot drive a terminal. ANSI/VT
-// escape sequences (CSI, OSC, DCS, SOS, PM, APC and two-byte ESC
-// sequences) are removed whole; every other control character (C0, DEL,
-// C1, among them the 8-bit CSI U+009B), every Unicode format character
-// (bidirectional overrides, zero-width characters) and every invalid
-// UTF-8 byte becomes '?'; tabs, newlines and line separators become a
-// space.
-//
-// It defends the operator's terminal against the sandboxes it shows:
-// metadata, agent names and template names are chosen by API clients,
-// and incident details carry host names a sandbox asked for. Printed
-// raw, an escape sequence there could move the cursor and forge rows
-// (hide a runaway sandbox behind a fake line), set the window title,
-// write the clipboard (OSC 52), plant a hyperlink (OSC 8), or answer
-// the terminal's queries into the input of corral top.
-func termSafe(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size <= 1:
-			b.WriteByte('?')
-			i++
-			continue
-		case r == 0x1b:
-			i += size + escapeLen(s[i+size:])
-			continue
-		case r == '\t' || r == '\n' || r == '\r' || r == 0x2028 || r == 0x2029:
-			b.WriteByte(' ')
-		case r < 0x20 || (r >= 0x7f && r <= 0x9f) || unicode.Is(unicode.Cf, r):
-			b.WriteByte('?')
-		default:
-			b.WriteRune(r)
-		}
-		i += size
-	}
-	return b.String()
-}
-
-// escapeLen returns how many bytes of rest (what follows an ESC) belong
-// to the escape sequence: a CSI's parameters and final byte, a string
-// sequence (OSC, DCS, SOS, PM, APC) up to its terminator (BEL, ESC \ or
-// U+009C; the end of rest when unterminated), or the one character of a
-// two-byte sequence.
-func escapeLen(rest string) int {
-	if rest == "" {
-		return 0
-	}
-	switch rest[0] {
-	case '[': // CSI: parameter and intermediate bytes, then a final byte
-		for i := 1; i < len(rest); i++ {
-			switch c := rest[i]; {
-			case c >= 0x40 && c <= 0x7e:
-				return i + 1
-			case c < 0x20 || c > 0x7e:
-				return i // not a CSI byte: the sequence ends here
-			}
-		}
-		return len(rest)
-	case ']', 'P', 'X', '^', '_': // string sequences
-		for i := 1; i < len(rest); i++ {
-			switch {
-			case rest[i] == 0x07:
-				return i + 1
-			case rest[i] == 0x1b && i+1 < len(rest) && rest[i+1] == '\\':
-				return i + 2
-			case strings.HasPrefix(rest[i:], "\u009c"):
-				return i + len("\u009c")
-			}
-		}
-		return len(rest)
-	}
-	if c := rest[0]; c >= 0x20 && c <= 0x7e {
 		return 1
 	}
 	return 0

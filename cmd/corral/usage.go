@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -51,9 +50,7 @@ an admin key may give --team NAME or --team all.`,
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				return printJSON(rep)
 			}
 			return printUsage(os.Stdout, rep)
 		}),
@@ -79,7 +76,7 @@ func printUsage(w io.Writer, rep *corral.UsageReport) error {
 	case rep.Until != nil:
 		window = "until " + rep.Until.Local().Format(time.DateTime)
 	}
-	fmt.Fprintf(w, "team %s, %s\n", rep.Team, window)
+	termPrintf(w, "team %s, %s\n", rep.Team, window)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	var key []string
 	switch rep.By {
@@ -100,7 +97,7 @@ func printUsage(w io.Writer, rep *corral.UsageReport) error {
 	line := func(keys []string, a corral.UsageAmounts) {
 		s := ""
 		for _, k := range keys {
-			s += orDash(k) + "\t"
+			s += termSafe(orDash(k)) + "\t"
 		}
 		fmt.Fprintf(tw, "%s%.3f\t%.3f\t%.1f\t%s\t%d\t%d\t\n", s, a.CPUSeconds, a.MemoryGiBSeconds, a.SandboxSeconds,
 			strconv.FormatInt(a.EgressBytes, 10), a.Commands, a.Sandboxes)

@@ -68,7 +68,7 @@ be deleted.`,
 				if v.UsedBytes != nil {
 					used = fmt.Sprintf("%.1f", float64(*v.UsedBytes)/(1<<20))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", v.ID, v.Name, v.SizeMB, used, v.CreatedAt.Format("2006-01-02 15:04:05"))
+				termPrintf(tw, "%s\t%s\t%d\t%s\t%s\n", v.ID, v.Name, v.SizeMB, used, v.CreatedAt.Format("2006-01-02 15:04:05"))
 			}
 			return tw.Flush()
 		}),
