@@ -145,12 +145,16 @@ func ValidateQuota(o store.TeamQuota) error {
 // fields take the defaults, except QueueTimeout, where zero means no wait,
 // and Team, whose zero fields set no team limit.
 type AdmissionConfig struct {
-	MaxConcurrent int           // global max running sandboxes; default 10
-	MaxPerAgent   int           // per agent id of a team; default 5
-	AgentRate     float64       // creates per second per agent of a team (token bucket); default 1
-	AgentBurst    int           // default 5
-	QueueTimeout  time.Duration // how long a create may wait for a free slot; 0 = fail at once
-	MaxQueue      int           // waiting creates at most (default 100); beyond: fail at once
+	MaxConcurrent int // global max running sandboxes; default 10
+	// MaxConcurrentNote says why MaxConcurrent is lower than the
+	// operator asked (the kernel's key quota); it ends the refusal of a
+	// create beyond it.
+	MaxConcurrentNote string
+	MaxPerAgent       int           // per agent id of a team; default 5
+	AgentRate         float64       // creates per second per agent of a team (token bucket); default 1
+	AgentBurst        int           // default 5
+	QueueTimeout      time.Duration // how long a create may wait for a free slot; 0 = fail at once
+	MaxQueue          int           // waiting creates at most (default 100); beyond: fail at once
 	// Team is every team's quota unless [Admission.SetTeamQuota] gives a
 	// team its own.
 	Team TeamQuota
@@ -782,6 +786,14 @@ func (a *Admission) blockedBy(w *admissionWaiter) *CapacityError {
 	return &CapacityError{
 		Limit:      CapacityGlobal,
 		RetryAfter: capacityRetryAfter,
-		Msg:        fmt.Sprintf("all %d sandbox slots are in use", a.cfg.MaxConcurrent),
+		Msg:        fmt.Sprintf("all %d sandbox slots are in use", a.cfg.MaxConcurrent) + noteSuffix(a.cfg.MaxConcurrentNote),
 	}
+}
+
+// noteSuffix is note as the end of a message: " (note)", or "".
+func noteSuffix(note string) string {
+	if note == "" {
+		return ""
+	}
+	return " (" + note + ")"
 }

@@ -408,8 +408,16 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err := keepInheritedFDs(); err != nil {
 		return nil, fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
 	}
-	if err := ensureKeyQuota("/proc", cfg.Admission.MaxConcurrent, cfg.Log); err != nil {
-		return nil, err
+	if cfg.Driver != DriverKube { // a kube driver's sandboxes run on the cluster's nodes
+		maxSandboxes := cfg.Admission.MaxConcurrent
+		if maxSandboxes <= 0 {
+			maxSandboxes = govern.DefaultMaxConcurrent
+		}
+		kq, err := ensureKeyQuota(procKeys{"/proc"}, maxSandboxes, cfg.Log)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Admission.MaxConcurrent, cfg.Admission.MaxConcurrentNote = kq.Capacity, kq.Note
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
