@@ -17,6 +17,13 @@ const (
 	// DefaultMaxEventStreamsPerKey is how many event streams one API key
 	// may hold open at once (Config.MaxEventStreamsPerKey).
 	DefaultMaxEventStreamsPerKey = 8
+	// DefaultMaxEventStreamsPerTeam is how many event streams the keys
+	// of one team may hold open at once together
+	// (Config.MaxEventStreamsPerTeam).
+	DefaultMaxEventStreamsPerTeam = 32
+	// DefaultMaxEventStreams is how many event streams the server holds
+	// open at once in all (Config.MaxEventStreams).
+	DefaultMaxEventStreams = 256
 	// DefaultEventHeartbeat is how often an idle event stream sends a
 	// comment line and checks that its key is still valid
 	// (Config.EventHeartbeat).
@@ -54,7 +61,9 @@ func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
 // (a revoked key's stream ends).
 //
 // It defends against a follower exhausting the server: a key holds at
-// most Config.MaxEventStreamsPerKey streams (429 too_many_streams), a
+// most Config.MaxEventStreamsPerKey streams, a team's keys together
+// Config.MaxEventStreamsPerTeam, the server Config.MaxEventStreams (429
+// too_many_streams, eventStreamLimits), a
 // stream reads at most EventStreamBatch events from the store at a time
 // and holds nothing else (the cursor is the event id, so a slow client
 // lags behind in the store, never in the server's memory), and a client
@@ -82,11 +91,10 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 		f.AfterID = last
 	}
 	id, _ := identityFrom(r.Context())
-	release, ok := s.eventStreams.acquire(id.principal())
-	if !ok {
+	release, refusal := s.eventStreams.acquire(id)
+	if refusal != "" {
 		w.Header().Set("Retry-After", streamRetryAfter)
-		writeJSON(w, http.StatusTooManyRequests, apiError{Code: CodeTooManyStreams,
-			Message: fmt.Sprintf("this API key holds %d event streams open, the most the server allows; close one or retry later", s.eventStreams.max)})
+		writeJSON(w, http.StatusTooManyRequests, apiError{Code: CodeTooManyStreams, Message: refusal})
 		return
 	}
 	defer release()
@@ -149,4 +157,46 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// eventStreamLimits bounds the open event streams per API key, per team
+// and in all. It defends against followers pinning unbounded
+// connections, goroutines and store reads: one key opening many
+// streams, a team minting many keys to pass the per-key bound, and many
+// teams together exhausting the server.
+type eventStreamLimits struct {
+	perKey, perTeam, total *streamLimit
+}
+
+func newEventStreamLimits(perKey, perTeam, total int) *eventStreamLimits {
+	return &eventStreamLimits{perKey: newStreamLimit(perKey), perTeam: newStreamLimit(perTeam), total: newStreamLimit(total)}
+}
+
+// acquire counts one more stream of id against every bound, or returns
+// the refusal's message naming the bound that is full (and counts
+// nothing). The release function gives the stream back (once).
+func (l *eventStreamLimits) acquire(id Identity) (release func(), refusal string) {
+	var taken []func()
+	undo := func() {
+		for _, r := range taken {
+			r()
+		}
+	}
+	for _, b := range []struct {
+		lim        *streamLimit
+		key, whose string
+		flag       string
+	}{
+		{l.perKey, id.principal(), "this API key holds", "--max-event-streams-per-key"},
+		{l.perTeam, "team:" + id.Team, "the keys of team " + strconv.Quote(id.Team) + " hold", "--max-event-streams-per-team"},
+		{l.total, "server", "the server holds", "--max-event-streams"},
+	} {
+		r, ok := b.lim.acquire(b.key)
+		if !ok {
+			undo()
+			return nil, fmt.Sprintf("%s %d event streams open, the most it allows (%s); close one or retry later", b.whose, b.lim.max, b.flag)
+		}
+		taken = append(taken, r)
+	}
+	return undo, ""
 }

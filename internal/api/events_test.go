@@ -37,6 +37,12 @@ type streamEnv struct {
 
 func newStreamEnv(t *testing.T, maxStreams int) *streamEnv {
 	t.Helper()
+	return newStreamEnvConfig(t, Config{MaxEventStreamsPerKey: maxStreams})
+}
+
+// newStreamEnvConfig is newStreamEnv with the API's stream bounds of cfg.
+func newStreamEnvConfig(t *testing.T, cfg Config) *streamEnv {
+	t.Helper()
 	st, err := store.Open(filepath.Join(t.TempDir(), "corral.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +57,8 @@ func newStreamEnv(t *testing.T, maxStreams int) *streamEnv {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	al := audit.New(st, nil, log)
-	s := New(Config{Audit: al, MaxEventStreamsPerKey: maxStreams, EventHeartbeat: 100 * time.Millisecond}, new(sandbox.Manager), st, log)
+	cfg.Audit, cfg.EventHeartbeat = al, 100*time.Millisecond
+	s := New(cfg, new(sandbox.Manager), st, log)
 	hs := httptest.NewServer(s)
 	t.Cleanup(func() { hs.CloseClientConnections(); hs.Close(); al.Close(); st.Close() })
 	return &streamEnv{t: t, st: st, audit: al, url: hs.URL}
@@ -303,6 +310,74 @@ func TestEventStreamLimitPerKey(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestEventStreamLimitPerTeamAndServer defends against followers passing
+// the per-key bound: a team that mints many keys is refused past
+// MaxEventStreamsPerTeam streams of its keys together, every team past
+// MaxEventStreams of the server, each with 429 too_many_streams,
+// Retry-After and a message naming the bound (its serve flag); a refused
+// open counts against no bound (a closed stream lets exactly one more
+// in).
+func TestEventStreamLimitPerTeamAndServer(t *testing.T) {
+	t.Parallel()
+	e := newStreamEnvConfig(t, Config{MaxEventStreamsPerKey: 2, MaxEventStreamsPerTeam: 3, MaxEventStreams: 4})
+	const alpha2 = "e2b_alpha0000000000000000000000000000000002"
+	if err := e.st.AddAPIKey(context.Background(), "alpha2", alpha2, "alpha", store.RoleMember); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(key, bound string) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", e.url+"/v1/events/stream", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Fatalf("stream opened past the bound %s", bound)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusTooManyRequests || errCode(body) != CodeTooManyStreams ||
+			resp.Header.Get("Retry-After") != "1" || !strings.Contains(string(body), bound) {
+			t.Fatalf("want 429 too_many_streams, Retry-After 1, naming %s: %d %q %s", bound, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+	}
+	open := func(key string) *stream {
+		t.Helper()
+		code, s, body := e.open(key, "", "")
+		if code != http.StatusOK {
+			t.Fatalf("stream refused: %d %s", code, body)
+		}
+		return s
+	}
+	a1 := open(alphaStreamKey)
+	open(alphaStreamKey)
+	refused(alphaStreamKey, "--max-event-streams-per-key")
+	open(alpha2) // the team's third
+	refused(alpha2, `team \"alpha\"`)
+	refused(alpha2, "--max-event-streams-per-team")
+	open(betaStreamKey) // the server's fourth
+	refused(betaStreamKey, "(--max-event-streams)")
+	refused(testKey, "the server holds 4 event streams")
+	// The refusals took no place: one close lets one stream in, not two.
+	a1.close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, s, _ := e.open(betaStreamKey, "", "")
+		if code == http.StatusOK {
+			_ = s
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a closed stream did not free its place: %d", code)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	refused(alpha2, "(--max-event-streams)")
 }
 
 // TestEventStreamEndsWhenKeyRevoked defends against a revoked key

@@ -64,6 +64,12 @@ type Config struct {
 	// refused with 429 too_many_streams (default
 	// DefaultMaxEventStreamsPerKey, 8).
 	MaxEventStreamsPerKey int
+	// MaxEventStreamsPerTeam is how many event streams the keys of one
+	// team may hold open at once together (default
+	// DefaultMaxEventStreamsPerTeam, 32); MaxEventStreams how many the
+	// server holds in all (default DefaultMaxEventStreams, 256). More are
+	// refused with 429 too_many_streams.
+	MaxEventStreamsPerTeam, MaxEventStreams int
 	// EventHeartbeat is how often an idle event stream sends a comment
 	// and re-checks its key (default DefaultEventHeartbeat, 15 s).
 	EventHeartbeat time.Duration
@@ -84,8 +90,9 @@ type Server struct {
 	templates *registry.Registry
 	// streams bounds the open streams per credential.
 	streams *streamLimit
-	// eventStreams bounds the open event streams per API key.
-	eventStreams *streamLimit
+	// eventStreams bounds the open event streams per API key, per team
+	// and in all.
+	eventStreams *eventStreamLimits
 	// ending is closed by EndEventStreams: every event stream returns.
 	ending     chan struct{}
 	endingOnce sync.Once
@@ -110,6 +117,12 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 	if cfg.MaxEventStreamsPerKey <= 0 {
 		cfg.MaxEventStreamsPerKey = DefaultMaxEventStreamsPerKey
 	}
+	if cfg.MaxEventStreamsPerTeam <= 0 {
+		cfg.MaxEventStreamsPerTeam = DefaultMaxEventStreamsPerTeam
+	}
+	if cfg.MaxEventStreams <= 0 {
+		cfg.MaxEventStreams = DefaultMaxEventStreams
+	}
 	if cfg.EventHeartbeat <= 0 {
 		cfg.EventHeartbeat = DefaultEventHeartbeat
 	}
@@ -117,7 +130,7 @@ func New(cfg Config, mgr *sandbox.Manager, st *store.Store, log *slog.Logger) *S
 		cfg.Volumes = volume.NewService(nil, st, nil, log)
 	}
 	s := &Server{cfg: cfg, mgr: mgr, vols: cfg.Volumes, store: st, log: log, mux: http.NewServeMux(), cpuPrev: map[string]cpuSample{}, gov: cfg.Governor, templates: cfg.Templates,
-		streams: newStreamLimit(cfg.MaxStreamsPerKey), eventStreams: newStreamLimit(cfg.MaxEventStreamsPerKey), ending: make(chan struct{})}
+		streams: newStreamLimit(cfg.MaxStreamsPerKey), eventStreams: newEventStreamLimits(cfg.MaxEventStreamsPerKey, cfg.MaxEventStreamsPerTeam, cfg.MaxEventStreams), ending: make(chan struct{})}
 	s.handler = progressDeadlines(cfg.StallTimeout, http.HandlerFunc(s.route))
 	s.agent = newAgentProxy(mgr, log)
 	s.ports = newPortProxy(mgr, log)

@@ -175,6 +175,15 @@ type Config struct {
 	// envd credential, holds open at once (default
 	// api.DefaultMaxStreamsPerKey, 256).
 	MaxStreamsPerKey int
+	// MaxEventStreamsPerKey, MaxEventStreamsPerTeam and MaxEventStreams
+	// bound the open event streams (GET /v1/events/stream) of one API
+	// key, of one team's keys together and of the server (defaults
+	// api.DefaultMaxEventStreamsPerKey 8, api.DefaultMaxEventStreamsPerTeam
+	// 32, api.DefaultMaxEventStreams 256).
+	MaxEventStreamsPerKey, MaxEventStreamsPerTeam, MaxEventStreams int
+	// EventHeartbeat is how often an idle event stream sends a comment
+	// and re-checks its key (default api.DefaultEventHeartbeat, 15 s).
+	EventHeartbeat time.Duration
 	// Runsc is the runsc binary gVisor sandboxes run under (--runsc;
 	// default: the pinned build oci.CachedRunsc when present, else runsc
 	// in PATH, which the server logs as a fallback).
@@ -255,6 +264,10 @@ func (c *Config) Validate() error {
 		nonNegative("http-idle-timeout", c.HTTPIdleTimeout),
 		nonNegative("http-stall-timeout", c.HTTPStallTimeout),
 		nonNegative("max-streams-per-key", c.MaxStreamsPerKey),
+		nonNegative("max-event-streams-per-key", c.MaxEventStreamsPerKey),
+		nonNegative("max-event-streams-per-team", c.MaxEventStreamsPerTeam),
+		nonNegative("max-event-streams", c.MaxEventStreams),
+		nonNegative("event-heartbeat", c.EventHeartbeat),
 	}
 	switch c.Driver {
 	case "", DriverOCI:
@@ -630,7 +643,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	go func() { defer close(rdone); al.RunRetention(rctx, cfg.AuditRetention) }()
 	h := api.New(api.Config{MaxOutput: cfg.MaxOutput, Redactor: red, Audit: al, E2BInternet: cfg.E2BInternet,
 		Governor: gov, Metrics: met.Handler(), StallTimeout: cfg.HTTPStallTimeout, MaxStreamsPerKey: cfg.MaxStreamsPerKey, Templates: reg, Volumes: volSvc,
-		Usage: meter}, mgr, st, cfg.Log)
+		Usage: meter, MaxEventStreamsPerKey: cfg.MaxEventStreamsPerKey, MaxEventStreamsPerTeam: cfg.MaxEventStreamsPerTeam,
+		MaxEventStreams: cfg.MaxEventStreams, EventHeartbeat: cfg.EventHeartbeat}, mgr, st, cfg.Log)
 	meter.Start()
 	return &Server{cfg: cfg, driver: drv, Store: st, Manager: mgr, Volumes: volSvc, Handler: h, AdminKey: key, Gateway: gw, Audit: al,
 		Redactor: red, Governor: gov, Watchdog: wd, Usage: meter, stopWatchdog: wcancel, templates: reg, summary: sum,
