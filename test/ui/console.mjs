@@ -131,6 +131,28 @@ async function main() {
     await page.fill('#sb-search', '');
     await page.waitForSelector(`tr[data-id="${b.id}"]`, WAIT);
 
+    step('the live list shows CPU and memory from the list itself, no request per sandbox');
+    // Defends against a list view that asks every sandbox's /metrics at
+    // each refresh (one request per sandbox per 5 s with a tab open):
+    // the list's own current sample fills the CPU and MEM cells.
+    const perSandbox = [], lists = [];
+    const count = r => {
+      const p = new globalThis.URL(r.url()).pathname;
+      if (/^\/v1\/sandboxes\/[^/]+\/metrics$/.test(p)) perSandbox.push(p);
+      if (p === '/v1/sandboxes') lists.push(p);
+    };
+    page.on('request', count);
+    await page.waitForFunction(id => {
+      const tds = document.querySelectorAll(`tr[data-id="${id}"] td`);
+      return tds.length > 8 && /%$/.test(tds[7].textContent) && tds[8].textContent !== '—';
+    }, a.id, WAIT);
+    const listsBefore = lists.length;
+    const t0 = Date.now();
+    while (lists.length < listsBefore + 2 && Date.now() - t0 < 60_000) await page.waitForTimeout(250);
+    page.off('request', count);
+    assert.ok(lists.length >= listsBefore + 2, 'the list refreshed: ' + lists.length);
+    assert.deepEqual(perSandbox, [], 'the list view asked sandboxes for /metrics');
+
     step('commands through the API');
     const run = async (id, command) => {
       const r = await api('POST', `/v1/sandboxes/${id}/exec`, { command });

@@ -447,13 +447,10 @@
         list = sbs.sandboxes || [];
         agents = {};
         for (const t of tasks.tasks || []) agents[t.id] = t.agent;
-        draw();
-        const since = new Date(Date.now() - 5000).toISOString();
-        const running = list.filter(sb => sb.state === 'running').slice(0, 50);
-        const got = await Promise.all(running.map(sb => api('GET', '/v1/sandboxes/' + sb.id + '/metrics?since=' + encodeURIComponent(since)).then(m => [sb.id, m.current]).catch(() => [sb.id, null])));
-        if (!ctx.alive) return;
+        // The list carries each sandbox's newest sample (current): one
+        // request per refresh, not one per sandbox.
         now = {};
-        for (const [id, cur] of got) if (cur) now[id] = cur;
+        for (const sb of list) if (sb.current) now[sb.id] = sb.current;
         draw();
       } catch (e) {
         if (e.status !== 401) clear(body).appendChild(h('p', { class: 'error' }, 'could not list sandboxes: ' + e.message));
