@@ -292,8 +292,7 @@ func (s *Server) e2bKill(w http.ResponseWriter, r *http.Request) {
 			e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", r.PathValue("id")))
 			return
 		}
-		s.log.Error("e2b kill", "err", err)
-		e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+		s.e2bWriteErr(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -346,7 +345,7 @@ func (s *Server) e2bConnect(w http.ResponseWriter, r *http.Request) {
 			// Another connect resumed it first: connect to the running
 			// sandbox below.
 		default:
-			s.e2bStateErr(w, id, "resume", err, fmt.Sprintf("sandbox %q is already running", id))
+			s.e2bStateErr(w, r, id, err, fmt.Sprintf("sandbox %q is already running", id))
 			return
 		}
 	}
@@ -374,7 +373,7 @@ func (s *Server) e2bPause(w http.ResponseWriter, r *http.Request) {
 	// keepMemory false: persist the files, stop the processes.
 	_, err := s.mgr.PauseWith(r.Context(), id, req.Memory != nil && !*req.Memory)
 	if err != nil {
-		s.e2bStateErr(w, id, "pause", err, fmt.Sprintf("sandbox %q is already paused", id))
+		s.e2bStateErr(w, r, id, err, fmt.Sprintf("sandbox %q is already paused", id))
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -382,8 +381,8 @@ func (s *Server) e2bPause(w http.ResponseWriter, r *http.Request) {
 
 // e2bStateErr answers a failed pause or resume: 409 with the manager's
 // explanation (or conflict when it has none), 404 for a sandbox that is
-// gone or ended during the call, 500 (logged) otherwise.
-func (s *Server) e2bStateErr(w http.ResponseWriter, id, op string, err error, conflict string) {
+// gone or ended during the call, else what e2bWriteErr answers.
+func (s *Server) e2bStateErr(w http.ResponseWriter, r *http.Request, id string, err error, conflict string) {
 	var ce *sandbox.ConflictError
 	switch {
 	case errors.As(err, &ce):
@@ -393,8 +392,11 @@ func (s *Server) e2bStateErr(w http.ResponseWriter, id, op string, err error, co
 	case errors.Is(err, sandbox.ErrNotFound), errors.Is(err, store.ErrNotFound):
 		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
 	default:
-		s.log.Error("e2b "+op, "id", id, "err", err)
-		e2bError(w, http.StatusInternalServerError, op+" failed; see the server log")
+		// Everything else as the native API answers it (classify): a
+		// driver that cannot pause or snapshot (Kubernetes) is 501
+		// not_supported, a server shutting down 503; only the unexpected
+		// is a 500 (logged).
+		s.e2bWriteErr(w, r, err)
 	}
 }
 

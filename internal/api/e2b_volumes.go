@@ -33,8 +33,7 @@ func (s *Server) e2bVolumeErr(w http.ResponseWriter, r *http.Request, err error)
 	case errors.Is(err, volume.ErrUnavailable):
 		e2bError(w, http.StatusServiceUnavailable, err.Error())
 	default:
-		s.log.Error("e2b volume", "method", r.Method, "path", r.URL.Path, "err", err)
-		e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+		s.e2bWriteErr(w, r, err)
 	}
 }
 

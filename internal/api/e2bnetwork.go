@@ -115,8 +115,7 @@ func (s *Server) e2bUpdateNetwork(w http.ResponseWriter, r *http.Request) {
 		case errors.Is(err, sandbox.ErrNetworkUnavailable):
 			e2bError(w, http.StatusServiceUnavailable, err.Error())
 		default:
-			s.log.Error("e2b update network", "err", err)
-			e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+			s.e2bWriteErr(w, r, err)
 		}
 		return
 	}

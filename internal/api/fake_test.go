@@ -42,6 +42,13 @@ type env struct {
 
 func newEnv(t *testing.T, maxSandboxes int, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
+	return newEnvDriver(t, maxSandboxes, nil, opts...)
+}
+
+// newEnvDriver is newEnv whose Manager runs on wrap(the fake driver)
+// (wrap nil: the fake driver itself).
+func newEnvDriver(t *testing.T, maxSandboxes int, wrap func(*runtimetest.Driver) runtime.Driver, opts ...func(*sandbox.Config)) *env {
+	t.Helper()
 	st, err := store.Open(filepath.Join(t.TempDir(), "corral.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +68,11 @@ func newEnv(t *testing.T, maxSandboxes int, opts ...func(*sandbox.Config)) *env 
 	for _, o := range opts {
 		o(&mc)
 	}
-	m := sandbox.New(mc, st, d, reg, log)
+	var drv runtime.Driver = d
+	if wrap != nil {
+		drv = wrap(d)
+	}
+	m := sandbox.New(mc, st, drv, reg, log)
 	if err := m.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 )
@@ -137,7 +136,7 @@ func (s *Server) e2bCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 			e2bError(w, http.StatusBadRequest, inv.Msg)
 			return
 		}
-		s.e2bStateErr(w, sb.ID, "snapshot", err, "the sandbox's state does not allow a snapshot")
+		s.e2bStateErr(w, r, sb.ID, err, "the sandbox's state does not allow a snapshot")
 		return
 	}
 	writeJSON(w, http.StatusCreated, e2bSnapshotOut(sn))
@@ -197,8 +196,7 @@ func (s *Server) e2bDeleteTemplate(w http.ResponseWriter, r *http.Request) {
 	case errors.As(err, &conflict):
 		e2bError(w, http.StatusConflict, conflict.Msg)
 	default:
-		s.log.Error("e2b delete snapshot", "err", err)
-		e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+		s.e2bWriteErr(w, r, err)
 	}
 }
 
@@ -238,29 +236,25 @@ func (s *Server) e2bFork(w http.ResponseWriter, r *http.Request) {
 		e2bError(w, http.StatusNotFound, "sandbox "+r.PathValue("id")+" not found")
 		return
 	}
-	var inv *sandbox.InvalidError
-	if errors.As(err, &inv) {
-		e2bError(w, http.StatusBadRequest, inv.Msg)
+	// No fork started: the whole call fails as every E2B route does
+	// (e2bWriteErr: 400, 429 with Retry-After, 501 on a driver without
+	// snapshots, 500 only for the unexpected).
+	if err != nil && len(sbs) == 0 {
+		s.e2bWriteErr(w, r, err)
 		return
-	}
-	// A fork refused for capacity is a 429 (the SDK's RateLimitError),
-	// for the whole call when no fork started, else in its error entry.
-	code := http.StatusInternalServerError
-	var capErr *govern.CapacityError
-	if errors.As(err, &capErr) {
-		code = http.StatusTooManyRequests
-		if len(sbs) == 0 {
-			setRetryAfter(w, capErr)
-			e2bError(w, code, capErr.Error())
-			return
-		}
 	}
 	out := []map[string]any{}
 	for _, sb := range sbs {
 		out = append(out, map[string]any{"sandbox": e2bSandboxOf(sb)})
 	}
 	if err != nil {
-		out = append(out, map[string]any{"error": map[string]any{"code": code, "message": err.Error()}})
+		// Some forks started: the failure is the last entry, with the
+		// status and message classify gives (no host path reaches it).
+		f := classify(err)
+		if f.internalError {
+			s.log.Error("e2b fork", "id", r.PathValue("id"), "err", err)
+		}
+		out = append(out, map[string]any{"error": map[string]any{"code": f.status, "message": f.msg}})
 	}
 	writeJSON(w, http.StatusCreated, out)
 }
