@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"testing"
 	"time"
 
+	"github.com/corralhq/corral/internal/runtime/oci"
 	corral "github.com/corralhq/corral/sdk/go"
 )
 
@@ -18,11 +18,12 @@ var trueArgv = corral.RunOptions{Args: []string{}}
 // first `true` run in the new sandbox returns.
 func BenchmarkCreateFirstExec(b *testing.B) { benchCreateFirstExec(b, "runc") }
 
-// BenchmarkGVisorCreateFirstExec is BenchmarkCreateFirstExec under gVisor.
+// BenchmarkGVisorCreateFirstExec is BenchmarkCreateFirstExec under gVisor
+// (the runsc the driver picks: the pinned build when cached).
 func BenchmarkGVisorCreateFirstExec(b *testing.B) {
 	need(b)
-	if _, err := exec.LookPath("runsc"); err != nil {
-		skip(b, "runsc (gVisor) is not installed: apt-get install runsc")
+	if _, err := oci.FindRunsc("", ""); err != nil {
+		skip(b, "no runsc (gVisor): "+err.Error())
 	}
 	benchCreateFirstExec(b, "gvisor")
 }

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"archive/tar"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -38,17 +37,14 @@ func BenchmarkDockerRun(b *testing.B) {
 	d := startDocker(b)
 	s := newSamples(b)
 	for i := 0; i < b.N; i++ {
-		cmd := d.cmd("run", "--rm", "--network", "none", dockerImage, "/bin/true")
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		s.start()
-		err := cmd.Run()
-		s.stop()
-		if err != nil {
-			b.Fatalf("docker run: %v: %s", err, out.Bytes())
-		}
+		timeCmd(b, s, d.runCmd())
 	}
 	s.report()
+}
+
+// runCmd is `docker run --rm --network none` of /bin/true in the image.
+func (d *dockerd) runCmd() *exec.Cmd {
+	return d.cmd("run", "--rm", "--network", "none", dockerImage, "/bin/true")
 }
 
 // dockerd is the benchmark's own Docker daemon.

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/corralhq/corral/internal/runtime/oci"
 	"github.com/corralhq/corral/test/bench/results"
 	"golang.org/x/sys/unix"
 )
@@ -26,8 +27,27 @@ func machine() results.Machine {
 		m.Cgroup = "v2"
 	}
 	m.Runc = firstLineVersion("runc", "--version")
-	m.Runsc = firstLineVersion("runsc", "--version")
+	m.Runsc = runscVersion()
 	return m
+}
+
+// runscVersion names the runsc corral's gVisor sandboxes run under, as
+// the driver picks it (oci.FindRunsc): the pinned build, which reports
+// no version of its own ("VERSION_MISSING"), by its pinned version;
+// another by its `--version`, with its path. "" when there is none.
+func runscVersion() string {
+	r, err := oci.FindRunsc("", "")
+	if err != nil {
+		return ""
+	}
+	if r.Path == oci.CachedRunsc("") {
+		return oci.RunscVersion() + " (pinned build)"
+	}
+	v := firstLineVersion(r.Path, "--version")
+	if r.Legacy {
+		v += ", legacy"
+	}
+	return v + " (" + r.Path + ")"
 }
 
 // firstLineVersion runs `bin args` and returns the last word of its

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -52,17 +51,29 @@ func BenchmarkRawRuncRunCorralSpec(b *testing.B) {
 func benchRuncRun(b *testing.B, r *rawRunc, bundle string) {
 	s := newSamples(b)
 	for i := 0; i < b.N; i++ {
-		cmd := r.cmd("run", "--bundle", bundle, r.newID())
-		var stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-		s.start()
-		err := cmd.Run()
-		s.stop()
-		if err != nil {
-			b.Fatalf("runc run: %v: %s", err, stderr.Bytes())
-		}
+		timeCmd(b, s, r.runCmd(bundle))
 	}
 	s.report()
+}
+
+// runCmd is `runc run` of bundle as a new container, to completion.
+func (r *rawRunc) runCmd(bundle string) *exec.Cmd {
+	return r.cmd("run", "--bundle", bundle, r.newID())
+}
+
+// timeCmd runs cmd as one timed section of s (its output kept for the
+// error only) and fails b, with the output, when it fails: the timing
+// loop of every baseline that runs a command (raw runc, Docker).
+func timeCmd(b *testing.B, s *samples, cmd *exec.Cmd) {
+	b.Helper()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	s.start()
+	err := cmd.Run()
+	s.stop()
+	if err != nil {
+		b.Fatalf("%s: %v: %s", strings.Join(cmd.Args, " "), err, out.Bytes())
+	}
 }
 
 // BenchmarkRawRuncExec is the baseline of BenchmarkExecRoundTrip: the time
@@ -75,15 +86,7 @@ func BenchmarkRawRuncExec(b *testing.B) {
 	r.runDetached(b, bundle, id)
 	s := newSamples(b)
 	for i := 0; i < b.N; i++ {
-		cmd := r.cmd("exec", id, "/bin/true")
-		var stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-		s.start()
-		err := cmd.Run()
-		s.stop()
-		if err != nil {
-			b.Fatalf("runc exec: %v: %s", err, stderr.Bytes())
-		}
+		timeCmd(b, s, r.cmd("exec", id, "/bin/true"))
 	}
 	s.report()
 }

@@ -13,34 +13,39 @@ import (
 
 // meta describes a latency benchmark in the results: its label, the
 // benchmark of the same run it is compared with, and its table group.
-type meta struct{ label, baseline, group string }
+type meta struct {
+	label, baseline, group string
+	// also are further baselines whose ratios are printed too.
+	also []string
+}
 
 // metas are the latency benchmarks by name (without "Benchmark").
 var metas = map[string]meta{
-	"CreateFirstExec":               {"corral create → first exec (runc)", "RawRuncRun", "cold"},
-	"RawRuncRun":                    {"raw `runc run` of /bin/true, same rootfs (overlay of the template, same uid shift)", "", "cold"},
-	"RawRuncRunCorralSpec":          {"raw `runc run` of /bin/true with corral's own spec (seccomp, caps, cgroup limits, masks)", "RawRuncRun", "cold"},
-	"RawRuncRunCorralSpecNoSeccomp": {"raw `runc run` of /bin/true with corral's spec without seccomp", "RawRuncRunCorralSpec", "cold"},
-	"RawRuncRunCorralSpecNoLimits":  {"raw `runc run` of /bin/true with corral's spec without cgroup limits", "RawRuncRunCorralSpec", "cold"},
-	"PairedCorral":                  {"paired: corral create → first exec (runc)", "PairedRunc", "paired"},
-	"PairedRunc":                    {"paired: raw `runc run` of /bin/true, same rootfs", "", "paired"},
-	"PairedDocker":                  {"paired: `docker run --rm --network none` of /bin/true, same rootfs", "PairedRunc", "paired"},
-	"DockerRun":                     {"`docker run --rm --network none` of /bin/true, same rootfs (`docker import`)", "RawRuncRun", "cold"},
-	"CreateFirstExecNetwork":        {"corral create → first exec, egress network (veth, nftables, proxy)", "CreateFirstExec", "cold"},
-	"CreateFirstExecSnapshot":       {"corral create → first exec from a snapshot", "CreateFirstExec", "cold"},
-	"CreateFirstExecVolume":         {"corral create → first exec with a volume", "CreateFirstExec", "cold"},
-	"GVisorCreateFirstExec":         {"corral create → first exec (gVisor)", "CreateFirstExec", "cold"},
-	"CreateFirstExecPooled":         {"corral create → first exec from a warm pool", "CreateFirstExec", "warm"},
-	"ExecRoundTrip":                 {"corral exec round trip of `true` (runc)", "RawRuncExec", "exec"},
-	"RawRuncExec":                   {"raw `runc exec` of /bin/true", "", "exec"},
-	"Kill":                          {"corral kill of an idle sandbox (runc)", "", "kill"},
-	"BreakdownMounts":               {"breakdown: corral's mounts alone (disk tmpfs, run tmpfs, overlay)", "CreateFirstExec", "breakdown"},
-	"BreakdownRuncCreate":           {"breakdown: `runc create`, corral's spec", "CreateFirstExec", "breakdown"},
-	"BreakdownRuncStart":            {"breakdown: `runc start`, corral's spec", "CreateFirstExec", "breakdown"},
-	"BreakdownRuncDelete":           {"breakdown: `runc delete` after exit, corral's spec", "CreateFirstExec", "breakdown"},
-	"BreakdownAgentReady":           {"breakdown: mounts + `runc run -d` of the agent, corral's spec, until its socket accepts", "CreateFirstExec", "breakdown"},
-	"CreateServerSide":              {"breakdown: corral create, server side (create_ms of the sandbox.created event: admission → started)", "CreateFirstExec", "breakdown"},
-	"VolumeCreateDelete":            {"volume create + delete (1 GiB, mkfs.ext4, loop)", "", "other"},
+	"CreateFirstExec":               {"corral create → first exec (runc)", "RawRuncRun", "cold", []string{"RawRuncRunCorralSpec"}},
+	"RawRuncRun":                    {"raw `runc run` of /bin/true, same rootfs (overlay of the template, same uid shift)", "", "cold", nil},
+	"RawRuncRunCorralSpec":          {"raw `runc run` of /bin/true with corral's own spec (seccomp, caps, cgroup limits, masks)", "RawRuncRun", "cold", nil},
+	"RawRuncRunCorralSpecNoSeccomp": {"raw `runc run` of /bin/true with corral's spec without seccomp", "RawRuncRunCorralSpec", "cold", nil},
+	"RawRuncRunCorralSpecNoLimits":  {"raw `runc run` of /bin/true with corral's spec without cgroup limits", "RawRuncRunCorralSpec", "cold", nil},
+	"PairedCorral":                  {"paired: corral create → first exec (runc)", "PairedRunc", "paired", []string{"PairedRuncCorralSpec"}},
+	"PairedRunc":                    {"paired: raw `runc run` of /bin/true, same rootfs", "", "paired", nil},
+	"PairedRuncCorralSpec":          {"paired: raw `runc run` of /bin/true, same rootfs, corral's own spec (same seccomp, caps, cgroup limits, masks, mounts)", "PairedRunc", "paired", nil},
+	"PairedDocker":                  {"paired: `docker run --rm --network none` of /bin/true, same rootfs", "PairedRunc", "paired", nil},
+	"DockerRun":                     {"`docker run --rm --network none` of /bin/true, same rootfs (`docker import`)", "RawRuncRun", "cold", nil},
+	"CreateFirstExecNetwork":        {"corral create → first exec, egress network (veth, nftables, proxy)", "CreateFirstExec", "cold", nil},
+	"CreateFirstExecSnapshot":       {"corral create → first exec from a snapshot", "CreateFirstExec", "cold", nil},
+	"CreateFirstExecVolume":         {"corral create → first exec with a volume", "CreateFirstExec", "cold", nil},
+	"GVisorCreateFirstExec":         {"corral create → first exec (gVisor)", "CreateFirstExec", "cold", nil},
+	"CreateFirstExecPooled":         {"corral create → first exec from a warm pool", "CreateFirstExec", "warm", nil},
+	"ExecRoundTrip":                 {"corral exec round trip of `true` (runc)", "RawRuncExec", "exec", nil},
+	"RawRuncExec":                   {"raw `runc exec` of /bin/true", "", "exec", nil},
+	"Kill":                          {"corral kill of an idle sandbox (runc)", "", "kill", nil},
+	"BreakdownMounts":               {"breakdown: corral's mounts alone (disk tmpfs, run tmpfs, overlay)", "CreateFirstExec", "breakdown", nil},
+	"BreakdownRuncCreate":           {"breakdown: `runc create`, corral's spec", "CreateFirstExec", "breakdown", nil},
+	"BreakdownRuncStart":            {"breakdown: `runc start`, corral's spec", "CreateFirstExec", "breakdown", nil},
+	"BreakdownRuncDelete":           {"breakdown: `runc delete` after exit, corral's spec", "CreateFirstExec", "breakdown", nil},
+	"BreakdownAgentReady":           {"breakdown: mounts + `runc run -d` of the agent, corral's spec, until its socket accepts", "CreateFirstExec", "breakdown", nil},
+	"CreateServerSide":              {"breakdown: corral create, server side (create_ms of the sandbox.created event: admission → started)", "CreateFirstExec", "breakdown", nil},
+	"VolumeCreateDelete":            {"volume create + delete (1 GiB, mkfs.ext4, loop)", "", "other", nil},
 }
 
 // store holds what the benchmarks measured, for the results file.
@@ -131,11 +136,18 @@ func (s *samples) reportAs(name string) {
 	if phase, ok := strings.CutPrefix(name, "CreatePhase/"); ok {
 		m = meta{label: "breakdown: create phase `" + phase + "` (server's trace, phases_ms of sandbox.created)", baseline: "CreateFirstExec", group: "breakdown"}
 	}
+	if v, ok := strings.CutPrefix(name, "SeccompCost/"); ok {
+		for _, sv := range seccompVariants {
+			if sv.name == v {
+				m = meta{label: "seccomp: raw `runc run` of /bin/true, corral's spec, " + sv.label, baseline: "SeccompCost/None", group: "seccomp"}
+			}
+		}
+	}
 	if m.label == "" {
 		m = meta{label: name, group: "other"}
 	}
 	l := results.Latency{
-		Name: name, Label: m.label, Baseline: m.baseline, Group: m.group, N: len(sorted),
+		Name: name, Label: m.label, Baseline: m.baseline, Also: m.also, Group: m.group, N: len(sorted),
 		P50: ms(percentile(sorted, 50)), P95: ms(percentile(sorted, 95)), P99: ms(percentile(sorted, 99)),
 		Mean: ms(sum / time.Duration(len(sorted))), Min: ms(sorted[0]), Max: ms(sorted[len(sorted)-1]),
 	}

@@ -66,8 +66,12 @@ type Latency struct {
 	// Baseline names the benchmark of the same run this one is compared
 	// with (its ratio is printed), "" for none.
 	Baseline string `json:"baseline,omitempty"`
+	// Also names further baselines of the same run whose ratios are
+	// printed after Baseline's (corral against raw runc with corral's
+	// own spec beside the issue's baseline, say).
+	Also []string `json:"also_baselines,omitempty"`
 	// Group orders the table: "paired", "cold", "warm", "exec", "kill",
-	// "breakdown", "other".
+	// "breakdown", "seccomp", "other".
 	Group string `json:"group"`
 }
 
@@ -199,7 +203,7 @@ func (r *Run) find(name string) (Latency, bool) {
 	return Latency{}, false
 }
 
-var groupOrder = []string{"paired", "cold", "warm", "exec", "kill", "breakdown", "other"}
+var groupOrder = []string{"paired", "cold", "warm", "exec", "kill", "breakdown", "seccomp", "other"}
 
 // Markdown writes the run as Markdown: the machine, the latency table
 // (with each benchmark's ratio to its baseline of the same run), the
@@ -272,12 +276,14 @@ func (r *Run) latencyTable(w io.Writer) {
 		return slices.Index(groupOrder, a.Group) - slices.Index(groupOrder, b.Group)
 	})
 	for _, l := range bs {
-		r50, r95 := "", ""
-		if base, ok := r.find(l.Baseline); ok && base.P50 > 0 && base.P95 > 0 {
-			r50 = fmt.Sprintf("×%.2f vs %s", l.P50/base.P50, base.Name)
-			r95 = fmt.Sprintf("×%.2f", l.P95/base.P95)
+		var r50, r95 []string
+		for _, name := range append([]string{l.Baseline}, l.Also...) {
+			if base, ok := r.find(name); ok && base.P50 > 0 && base.P95 > 0 {
+				r50 = append(r50, fmt.Sprintf("×%.2f vs %s", l.P50/base.P50, base.Name))
+				r95 = append(r95, fmt.Sprintf("×%.2f", l.P95/base.P95))
+			}
 		}
-		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f | %s | %s |\n", l.Label, l.N, l.P50, l.P95, l.P99, r50, r95)
+		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f | %s | %s |\n", l.Label, l.N, l.P50, l.P95, l.P99, strings.Join(r50, "; "), strings.Join(r95, "; "))
 	}
 	for _, s := range r.Skipped {
 		fmt.Fprintf(w, "| %s | skipped: %s | | | | | |\n", s.Name, s.Reason)
