@@ -25,11 +25,12 @@ const (
 	PhaseMounts = "mounts"
 	// PhaseSpec: the OCI runtime spec built and written.
 	PhaseSpec = "spec"
-	// PhaseRuntime: the runtime (runc or runsc) creating the container
-	// until it reports the sandbox's init (its pid file).
+	// PhaseRuntime: the runtime making the container until it exits and
+	// reports the sandbox's init (its pid file): `runc run --detach`
+	// (made and started), `runsc create` (made) and `runsc start`.
 	PhaseRuntime = "runtime"
-	// PhaseAgent: from the container's creation to the agent accepting a
-	// connection on its socket (runtime start, agent init).
+	// PhaseAgent: from there to the agent accepting a connection on its
+	// socket (the agent's own start).
 	PhaseAgent = "agent"
 	// PhaseFinish: what follows the agent's readiness until the create
 	// returns (the sandbox made live, the template's start command).

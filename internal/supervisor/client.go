@@ -129,20 +129,13 @@ func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
 	if conn, err := c.connect(); err == nil {
 		return conn, nil
 	}
-	dir := filepath.Dir(c.Socket)
-	if err := privateDir(dir); err != nil {
-		return nil, err
-	}
 	// One starter at a time: two control planes (or two driver
 	// instances) must not start two supervisors on one socket.
-	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	lock, err := c.lock()
 	if err != nil {
-		return nil, fmt.Errorf("supervisor lock: %w", err)
+		return nil, err
 	}
 	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return nil, fmt.Errorf("supervisor lock: %w", err)
-	}
 	if conn, err := c.connect(); err == nil {
 		return conn, nil
 	}
@@ -175,6 +168,75 @@ func (c *Client) dial(ctx context.Context) (*net.UnixConn, error) {
 			delay *= 2
 		}
 	}
+}
+
+// lock takes the starters' lock of the socket's directory (making the
+// directory when missing) and returns it held. A supervisor that exits,
+// or a Prune, removes the lock file and the directory while holding the
+// lock; a starter that got the lock of a file removed meanwhile tries
+// again, so that it never starts a supervisor in a directory that is
+// gone.
+func (c *Client) lock() (*os.File, error) {
+	dir := filepath.Dir(c.Socket)
+	path := filepath.Join(dir, "lock")
+	for attempt := 0; ; attempt++ {
+		if err := privateDir(dir); err != nil {
+			return nil, err
+		}
+		lock, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("supervisor lock: %w", err)
+		}
+		if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+			lock.Close()
+			return nil, fmt.Errorf("supervisor lock: %w", err)
+		}
+		var held, named unix.Stat_t
+		if unix.Fstat(int(lock.Fd()), &held) == nil && unix.Lstat(path, &named) == nil &&
+			held.Dev == named.Dev && held.Ino == named.Ino {
+			return lock, nil
+		}
+		lock.Close()
+		if attempt == 100 {
+			return nil, errors.New("supervisor lock: its file keeps being removed")
+		}
+	}
+}
+
+// Prune removes the directory of the socket's directory (the state root
+// a data directory's supervisor shares with its runtimes' roots) when no
+// supervisor serves the socket and nothing but empty directories is
+// left in it, as an exiting supervisor does (removeEmptyRoot). A control
+// plane prunes the roots of other data directories at start, so that
+// the roots of supervisors that never ran or were killed do not
+// accumulate. It holds the starters' lock meanwhile: no supervisor
+// starts, so no runtime create (they run only under a supervisor) makes
+// a sandbox in a root it removes; a root holding a sandbox's state is
+// not empty and stays.
+func (c *Client) Prune() error {
+	root := filepath.Dir(filepath.Dir(c.Socket))
+	if _, err := os.Lstat(root); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if conn, err := c.connect(); err == nil {
+		conn.Close()
+		return nil
+	}
+	lock, err := c.lock()
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if conn, err := c.connect(); err == nil {
+		conn.Close()
+		return nil
+	}
+	dir := filepath.Dir(c.Socket)
+	_ = os.Remove(c.Socket) // a killed supervisor's
+	_ = os.Remove(lock.Name())
+	_ = os.Remove(dir)
+	removeEmptyRoot(root)
+	return nil
 }
 
 func (c *Client) connect() (*net.UnixConn, error) {

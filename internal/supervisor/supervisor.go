@@ -1,10 +1,11 @@
 // Package supervisor is the one process corral keeps beside all the
 // sandboxes of a data directory, in place of a resident supervisor per
-// sandbox. It is a child subreaper: the OCI runtime's create command
-// runs as its child, so the sandbox's processes that the runtime leaves
-// behind when it exits (the container's init under runc; the sandbox,
-// gofer and stub processes under gVisor, whose parents may die first)
-// are reparented to it, and it reaps every one of them. Without it they
+// sandbox. It is a child subreaper: the OCI runtime's command that makes
+// a sandbox (`runc run --detach`, `runsc create`) runs as its child, so
+// the sandbox's processes that the runtime leaves behind when it exits
+// (the container's init under runc; the sandbox, gofer and stub
+// processes under gVisor, whose parents may die first) are reparented
+// to it, and it reaps every one of them. Without it they
 // would be left to the host's init, which may not reap them (a container
 // or microVM init often does not), and accumulate as zombies.
 //
@@ -31,6 +32,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -103,6 +105,7 @@ func Serve(sock string, idleExit time.Duration) int {
 	signal.Ignore(syscall.SIGHUP, syscall.SIGINT, syscall.SIGPIPE)
 	// One process for all sandboxes, idle most of the time: a small heap goal.
 	debug.SetGCPercent(50)
+	protectFromOOM()
 	_ = os.Chdir("/")
 	syscall.Umask(0o077)
 	ln, err := listen(sock)
@@ -158,6 +161,27 @@ func Serve(sock string, idleExit time.Duration) int {
 }
 
 var errRunning = errors.New("a supervisor already serves this socket")
+
+// OOMScoreAdj is the supervisor's oom_score_adj. Under memory pressure
+// the kernel's OOM killer must pick a sandbox's processes, not the one
+// process that reaps them all: killed, every sandbox's init would be
+// left to the host's init (which may not reap) and a restarted control
+// plane would need a new supervisor. -500 keeps it well behind any
+// process of default score (0; a sandbox's commands run at +100),
+// without making it unkillable (-1000). Its children inherit it: the
+// runtime is short-lived, and corral's spec gives each sandbox's own
+// processes oom_score_adj 0 (oci.buildSpec).
+const OOMScoreAdj = -500
+
+// protectFromOOM sets the supervisor's oom_score_adj to OOMScoreAdj.
+// Lowering it needs CAP_SYS_RESOURCE: without it (a root whose bounding
+// set lacks it, as in some containers) the supervisor keeps its score
+// and says so on its stderr.
+func protectFromOOM() {
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(OOMScoreAdj)), 0); err != nil {
+		fmt.Fprintln(os.Stderr, "supervisor: set oom_score_adj:", err)
+	}
+}
 
 // listen binds sock, replacing a socket file no process serves.
 func listen(sock string) (*net.UnixListener, error) {
@@ -254,8 +278,30 @@ func (s *server) closeLocked(busy int) bool {
 	s.ln.Close() // removes the socket file
 	_ = os.Remove(lock.Name())
 	_ = os.Remove(dir)
-	_ = os.Remove(filepath.Dir(dir))
+	removeEmptyRoot(filepath.Dir(dir))
 	return true // the lock goes with the process
+}
+
+// removeEmptyRoot removes root, the directory the supervisor's socket
+// directory is in, with every empty directory in it (the runtimes'
+// state roots of the same data directory, left empty once their
+// sandboxes are gone), if nothing else is left in it. Without it one
+// such root per data directory ever used accumulated under /run/corral
+// (over a thousand on a test host). It runs under the starters' lock
+// with no supervisor serving, so no runtime create (they run only under
+// a supervisor) can be making a sandbox in a root it removes; a root
+// still holding a sandbox's state is not empty and stays.
+func removeEmptyRoot(root string) {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			_ = os.Remove(filepath.Join(root, e.Name())) // fails unless empty
+		}
+	}
+	_ = os.Remove(root)
 }
 
 // handle serves one request on c.

@@ -64,7 +64,7 @@ func RuntimeRoot(stateDir string, rt runtime.Runtime) string {
 		abs = stateDir
 	}
 	sum := sha256.Sum256([]byte(abs))
-	return filepath.Join("/run/corral", hex.EncodeToString(sum[:6]), string(rt))
+	return filepath.Join(StateBase, hex.EncodeToString(sum[:6]), string(rt))
 }
 
 // SupervisorSocket is the socket of the supervisor that reaps the
@@ -81,8 +81,9 @@ type Driver struct {
 	runc  *runc.Runc
 	runsc *runc.Runc
 
-	// sup runs the runtime's create command under the supervisor of
-	// this state dir (package supervisor), which reaps what it leaves.
+	// sup runs the runtime's command that makes a sandbox under the
+	// supervisor of this state dir (package supervisor), which reaps
+	// what it leaves.
 	sup *supervisor.Client
 
 	mu sync.Mutex
@@ -133,14 +134,16 @@ func New(o Options) (*Driver, error) {
 	d := &Driver{opts: o, watches: map[string]*initWatch{}, oom: map[string]uint64{},
 		waits: map[string]*cgroups.WaitCounter{}}
 	d.sup = &supervisor.Client{Socket: SupervisorSocket(o.StateDir), Binary: o.AgentBinary}
+	pruneStateRoots()
 	d.runc = &runc.Runc{Command: o.RuncPath, Root: RuntimeRoot(o.StateDir, runtime.Runc), Setpgid: true}
 	d.runsc = &runc.Runc{Command: o.RunscPath, Root: RuntimeRoot(o.StateDir, runtime.GVisor), Setpgid: true, ExtraArgs: runscArgs}
 	return d, nil
 }
 
 // Close lets the supervisor of the driver's state dir exit if it has no
-// sandbox left to reap (it stays otherwise, for the next control plane):
-// a control plane that shuts down calls it. The driver keeps working; a
+// sandbox left to reap (it stays otherwise, for the next control plane),
+// and then removes the state dir's root under StateBase when nothing is
+// left in it: a control plane that shuts down calls it. The driver keeps working; a
 // later Start starts a supervisor again.
 func (d *Driver) Close() error {
 	ents, err := os.ReadDir(d.opts.StateDir)
@@ -152,7 +155,35 @@ func (d *Driver) Close() error {
 			return d.sup.Close() // a sandbox is kept: the supervisor stays
 		}
 	}
-	return d.sup.CloseWait(5 * time.Second)
+	if err := d.sup.CloseWait(5 * time.Second); err != nil {
+		return err
+	}
+	return d.sup.Prune()
+}
+
+// StateBase holds the per-data-directory state roots (RuntimeRoot).
+const StateBase = "/run/corral"
+
+var stateRootPattern = regexp.MustCompile(`^[0-9a-f]{12}$`)
+
+// pruneStateRoots removes the state roots under StateBase of every data
+// directory (this one's included) that no supervisor serves and that
+// hold nothing but empty directories: those of control planes that
+// ended without their supervisor's cleanup (killed, or one that only
+// listed sandboxes). supervisor.Client.Prune says why that cannot race
+// a sandbox being made. TestStateRootsPruned is the regression test.
+func pruneStateRoots() {
+	ents, err := os.ReadDir(StateBase)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !stateRootPattern.MatchString(e.Name()) {
+			continue
+		}
+		c := &supervisor.Client{Socket: filepath.Join(StateBase, e.Name(), "supervisor", "supervisor.sock")}
+		_ = c.Prune()
+	}
 }
 
 // GVisorLegacy reports whether gVisor sandboxes run under a legacy runsc
@@ -252,49 +283,22 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	}
 	t = ph.Mark(runtime.PhaseSpec, t)
 	rc := d.starter(cfg)
-	// No process stays per sandbox: the runtime's create runs under the
-	// supervisor and exits, leaving the sandbox's processes to it (it
-	// reaps them, also across a control-plane restart); the init's
-	// stdout and stderr are agent.log. A pidfd watch tells when the init
-	// exits. The runtime gets its own process group (the supervisor sees
-	// to it), and no parent-death signal, so sandboxes outlive the server.
-	// <runtime> <global flags> create --bundle DIR --pid-file FILE ID
-	argv := append(append([]string{rc.Command}, runtimeGlobalArgs(rc)...),
-		"create", "--bundle", dir, "--pid-file", filepath.Join(dir, pidFileName), cfg.ID)
-	if !filepath.IsAbs(argv[0]) {
-		if argv[0], err = exec.LookPath(argv[0]); err != nil {
-			logf.Close()
-			return nil, fmt.Errorf("find %s: %w", rc.Command, err)
-		}
-	}
-	// Not cancelled with ctx: a create left running could make the
-	// container after the cleanup below ran.
-	code, err := d.sup.Run(context.WithoutCancel(ctx), argv, logf)
+	pid, err := d.runtimeStart(ctx, rc, cfg, dir, logf)
 	logf.Close()
-	if err == nil && code != 0 {
-		err = fmt.Errorf("exit status %d", code)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("%s create: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
+		return nil, err
 	}
-	pid, err := readPidFile(filepath.Join(dir, pidFileName))
-	if err != nil {
-		// The runtime wrote no pid file (it should have): ask it.
-		st, serr := rc.State(ctx, cfg.ID)
-		if serr != nil {
-			return nil, fmt.Errorf("%s state: %w", rc.Command, errors.Join(err, serr))
-		}
-		pid = st.Pid
-	}
-	w, err := d.watchInit(cfg.ID, pid)
+	w, err := d.watchStarted(ctx, rc, cfg, pid)
 	if err != nil {
 		return nil, err
 	}
 	d.mu.Lock()
 	d.watches[cfg.ID] = w
 	d.mu.Unlock()
-	if err := rc.Start(ctx, cfg.ID); err != nil {
-		return nil, fmt.Errorf("%s start: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
+	if cfg.Runtime == runtime.GVisor {
+		if err := rc.Start(ctx, cfg.ID); err != nil {
+			return nil, fmt.Errorf("%s start: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
+		}
 	}
 	if err := d.waitAgent(ctx, cfg.ID, w.done, ph, t); err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
@@ -304,6 +308,88 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	d.mu.Unlock()
 	go d.watchOOM(cfg.ID, w.done)
 	return &runtime.Handle{ID: cfg.ID, Pid: pid}, nil
+}
+
+// runtimeStart runs the runtime under the supervisor and returns the
+// host pid of the sandbox's init. No process stays per sandbox: the
+// runtime exits, leaving the sandbox's processes to the supervisor (it
+// reaps them, also across a control-plane restart); the init's stdout
+// and stderr are agent.log (logf). The runtime gets its own process
+// group (the supervisor sees to it), and no parent-death signal, so
+// sandboxes outlive the server.
+//
+// runc makes and starts the container in one process, `runc run
+// --detach` (a `runc create` then `runc start` cost a second start of
+// the runc binary, about 10 ms of every create: docs/performance.md).
+// runsc gets `create`; Start then runs `runsc start`, as runsc reads
+// the sandbox's network flag at both.
+func (d *Driver) runtimeStart(ctx context.Context, rc *runc.Runc, cfg runtime.Config, dir string, logf *os.File) (int, error) {
+	verb := []string{"run", "--detach"}
+	if cfg.Runtime == runtime.GVisor {
+		verb = []string{"create"}
+	}
+	// <runtime> <global flags> run --detach|create --bundle DIR --pid-file FILE ID
+	argv := append(append(append([]string{rc.Command}, runtimeGlobalArgs(rc)...), verb...),
+		"--bundle", dir, "--pid-file", filepath.Join(dir, pidFileName), cfg.ID)
+	if !filepath.IsAbs(argv[0]) {
+		p, err := exec.LookPath(argv[0])
+		if err != nil {
+			return 0, fmt.Errorf("find %s: %w", rc.Command, err)
+		}
+		argv[0] = p
+	}
+	// Not cancelled with ctx: a runtime left running could make the
+	// container after the cleanup of a failed Start ran.
+	code, err := d.sup.Run(context.WithoutCancel(ctx), argv, logf)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit status %d", code)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%s %s: %w%s", rc.Command, verb[0], err, tail(filepath.Join(dir, "agent.log")))
+	}
+	pid, err := readPidFile(filepath.Join(dir, pidFileName))
+	if err != nil {
+		// The runtime wrote no pid file (it should have): ask it.
+		st, serr := rc.State(ctx, cfg.ID)
+		if serr != nil {
+			return 0, fmt.Errorf("%s state: %w", rc.Command, errors.Join(err, serr))
+		}
+		pid = st.Pid
+	}
+	return pid, nil
+}
+
+// watchStarted opens the watch of the init (pid) of sandbox cfg that
+// runtimeStart just started, making sure the pidfd is of that init and
+// not of a process that got its pid after it died. runsc's create
+// leaves its init waiting for `runsc start`: it cannot have exited. A
+// runc container runs at once and its init may already have exited and
+// been reaped by the supervisor, and its pid reused; so the pidfd is
+// kept only if, after it was opened, the pid is in the sandbox's own
+// cgroup (no process outside the sandbox is; none of the sandbox's can
+// get that pid, as its pid namespace makes no process once its init
+// died) and the pidfd's process still exists (so that pid was it).
+// Otherwise the runtime is asked, as for an adopted sandbox (watchOf).
+// TestStartWatchesOwnInit is the regression test.
+func (d *Driver) watchStarted(ctx context.Context, rc *runc.Runc, cfg runtime.Config, pid int) (*initWatch, error) {
+	w, err := d.watchInit(cfg.ID, pid)
+	if err != nil {
+		return nil, fmt.Errorf("%w%s", err, tail(filepath.Join(d.dir(cfg.ID), "agent.log")))
+	}
+	if cfg.Runtime == runtime.GVisor {
+		return w, nil
+	}
+	if p, ok := d.sandboxInit(cfg.ID); ok && p == pid && w.running() {
+		return w, nil
+	}
+	// Asked after the pidfd was opened: the runtime reporting pid as its
+	// running init (it checks the process's start time) means the pidfd
+	// is of the init.
+	if st, err := rc.State(ctx, cfg.ID); err == nil && st.Pid == pid && st.Status == "running" {
+		return w, nil
+	}
+	w.stop()
+	return nil, fmt.Errorf("%w%s", errInitExited, tail(filepath.Join(d.dir(cfg.ID), "agent.log")))
 }
 
 // prepareFS mounts the size-capped tmpfs for the writable layer and the

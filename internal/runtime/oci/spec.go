@@ -155,6 +155,12 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 	swappiness := uint64(0)
 	disableOOMKiller := false
 	ro := []string{"nosuid", "noexec", "nodev", "ro"}
+	// The runtime runs under the supervisor, whose oom_score_adj is
+	// negative (supervisor.OOMScoreAdj) and would be inherited: the
+	// sandbox's processes get the default score instead, so that the OOM
+	// killer picks them before the supervisor (the agent's commands get
+	// +100 on top).
+	oomScoreAdj := 0
 
 	s := &specs.Spec{
 		Version: "1.0.2",
@@ -166,6 +172,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 			Capabilities:    caps,
 			Rlimits:         rlimits,
 			NoNewPrivileges: cfg.NoNewPrivileges,
+			OOMScoreAdj:     &oomScoreAdj,
 		},
 		Root:     &specs.Root{Path: in.rootfs},
 		Hostname: "corral",

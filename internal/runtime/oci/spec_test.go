@@ -28,3 +28,20 @@ func TestSeccompNativeArchOnly(t *testing.T) {
 		t.Fatal("seccomp profile has no rules")
 	}
 }
+
+// TestSandboxOOMScoreIsDefault: a sandbox's processes get the default
+// oom_score_adj (0) from the spec instead of inheriting the supervisor's
+// negative one through the runtime, which would make the OOM killer
+// spare a sandbox's memory hog and pick host processes instead.
+func TestSandboxOOMScoreIsDefault(t *testing.T) {
+	for _, rt := range []runtime.Runtime{runtime.Runc, runtime.GVisor} {
+		s, err := buildSpec(specInput{cfg: runtime.Config{ID: "x", Runtime: rt}, rootfs: "/r", runDir: "/d", agentBin: "/a",
+			uidBase: 100000, idRange: 65536, cgroupDir: "/corral/x", tmpSource: "/r/tmp"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if adj := s.Process.OOMScoreAdj; adj == nil || *adj != 0 {
+			t.Fatalf("%s: spec oom_score_adj %v, want 0", rt, adj)
+		}
+	}
+}

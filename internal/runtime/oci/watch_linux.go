@@ -15,7 +15,8 @@ import (
 // (no thread per sandbox), becomes readable when it exits.
 type initWatch struct {
 	pid int
-	// done is closed when the init exited.
+	f   *os.File
+	// done is closed when the init exited (or the watch was stopped).
 	done chan struct{}
 }
 
@@ -35,7 +36,7 @@ func (d *Driver) watchInit(id string, pid int) (*initWatch, error) {
 		f.Close()
 		return nil, err
 	}
-	w := &initWatch{pid: pid, done: make(chan struct{})}
+	w := &initWatch{pid: pid, f: f, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		defer f.Close()
@@ -49,6 +50,25 @@ func (d *Driver) watchInit(id string, pid int) (*initWatch, error) {
 	}()
 	return w, nil
 }
+
+// running reports whether the pidfd's process still exists (a zombie
+// not yet reaped counts): while it does, its pid names no other process.
+func (w *initWatch) running() bool {
+	rc, err := w.f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.PidfdSendSignal(int(fd), 0, nil, 0)
+	}); err != nil {
+		return false
+	}
+	return serr == nil
+}
+
+// stop ends a watch that is not kept: its pidfd is closed.
+func (w *initWatch) stop() { w.f.Close() }
 
 // exited reports whether the watched init has exited.
 func (w *initWatch) exited() bool {
@@ -95,6 +115,7 @@ func (d *Driver) watchOf(ctx context.Context, id string) *initWatch {
 	// this one, so the pidfd is of the init, not of a process that got
 	// its pid after it died (the runtime checks the process's start time).
 	if alive() != pid {
+		w.stop()
 		return nil
 	}
 	d.mu.Lock()
