@@ -95,14 +95,16 @@ func BenchmarkRawRuncExec(b *testing.B) {
 // create that a raw runtime pays too: corral's mounts alone (the disk
 // tmpfs, the agent's run-dir tmpfs and the overlay of the template, as
 // its driver mounts them), then `runc create`, `runc start` and `runc
-// delete` of /bin/true with corral's own spec, each timed on its own.
+// delete` of /bin/true with corral's own spec, each timed on its own,
+// and in the same iteration `runc run --detach` of it (one process that
+// makes and starts it, what the driver runs).
 // BenchmarkBreakdownAgentReady adds the agent's start.
 func BenchmarkBreakdown(b *testing.B) {
 	need(b)
 	r := newRawRunc(b)
 	spec := r.corralSpec(b, "/bin/true")
 	bundle := r.bundle(b, "phases", spec)
-	mounts, create, start, del := newSamples(b), newSamples(b), newSamples(b), newSamples(b)
+	mounts, create, start, del, detached := newSamples(b), newSamples(b), newSamples(b), newSamples(b), newSamples(b)
 	scratch := b.TempDir()
 	for i := 0; i < b.N; i++ {
 		dir := filepath.Join(scratch, fmt.Sprint(i))
@@ -142,11 +144,29 @@ func BenchmarkBreakdown(b *testing.B) {
 			b.Fatalf("runc delete: %v: %s", err, out)
 		}
 		logf.Close()
+		// The same container made and started by one runc process, as
+		// corral's driver does (`runc run --detach`).
+		id = r.newID()
+		logf = r.logFile(b, id)
+		c = r.cmd("run", "--detach", "--bundle", bundle, id)
+		c.Stdout, c.Stderr = logf, logf
+		t0 = time.Now()
+		err = c.Run()
+		detached.add(time.Since(t0))
+		if err != nil {
+			b.Fatalf("runc run --detach: %v: %s", err, r.log(id))
+		}
+		r.waitStopped(b, id)
+		if out, err := r.cmd("delete", id).CombinedOutput(); err != nil {
+			b.Fatalf("runc delete: %v: %s", err, out)
+		}
+		logf.Close()
 	}
 	mounts.reportAs("BreakdownMounts")
 	create.reportAs("BreakdownRuncCreate")
 	start.reportAs("BreakdownRuncStart")
 	del.reportAs("BreakdownRuncDelete")
+	detached.reportAs("BreakdownRuncRunDetached")
 }
 
 // BenchmarkBreakdownAgentReady times what corral's runtime driver does

@@ -43,6 +43,7 @@ var metas = map[string]meta{
 	"BreakdownRuncCreate":           {"breakdown: `runc create`, corral's spec", "CreateFirstExec", "breakdown", nil},
 	"BreakdownRuncStart":            {"breakdown: `runc start`, corral's spec", "CreateFirstExec", "breakdown", nil},
 	"BreakdownRuncDelete":           {"breakdown: `runc delete` after exit, corral's spec", "CreateFirstExec", "breakdown", nil},
+	"BreakdownRuncRunDetached":      {"breakdown: `runc run --detach`, corral's spec (create and start in one runc process), same iterations", "CreateFirstExec", "breakdown", nil},
 	"BreakdownAgentReady":           {"breakdown: mounts + `runc run -d` of the agent, corral's spec, until its socket accepts", "CreateFirstExec", "breakdown", nil},
 	"CreateServerSide":              {"breakdown: corral create, server side (create_ms of the sandbox.created event: admission → started)", "CreateFirstExec", "breakdown", nil},
 	"VolumeCreateDelete":            {"volume create + delete (1 GiB, mkfs.ext4, loop)", "", "other", nil},
