@@ -143,8 +143,8 @@ func New(o Options) (*Driver, error) {
 // Close lets the supervisor of the driver's state dir exit if it has no
 // sandbox left to reap (it stays otherwise, for the next control plane),
 // and then removes the state dir's root under StateBase when nothing is
-// left in it: a control plane that shuts down calls it. The driver keeps working; a
-// later Start starts a supervisor again.
+// left in it: a control plane that shuts down calls it. The driver keeps
+// working; a later Start starts a supervisor again.
 func (d *Driver) Close() error {
 	ents, err := os.ReadDir(d.opts.StateDir)
 	if err != nil {
@@ -320,7 +320,7 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 //
 // runc makes and starts the container in one process, `runc run
 // --detach` (a `runc create` then `runc start` cost a second start of
-// the runc binary, about 10 ms of every create: docs/performance.md).
+// the runc binary, about 8 ms of every create: docs/performance.md).
 // runsc gets `create`; Start then runs `runsc start`, as runsc reads
 // the sandbox's network flag at both.
 func (d *Driver) runtimeStart(ctx context.Context, rc *runc.Runc, cfg runtime.Config, dir string, logf *os.File) (int, error) {
