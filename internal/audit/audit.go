@@ -168,6 +168,8 @@ func (l *Log) Sync() {
 	done := make(chan struct{})
 	l.ch <- item{sync: done}
 	l.mu.RUnlock()
+	// A batch waiting for company (store.AppendEventsLazy) commits now.
+	l.st.Hurry()
 	<-done
 }
 
@@ -196,7 +198,15 @@ func (l *Log) run() {
 			var err error
 			start := time.Now()
 			for try := 0; ; try++ {
-				if err = l.st.AppendEvents(context.Background(), batch); err == nil {
+				// Nobody waits for a batch without a Sync marker: it may
+				// share the commit of a command start that follows within
+				// store.LazyCommitDelay (docs/brakes.md, "Durability").
+				if len(syncs) == 0 {
+					err = l.st.AppendEventsLazy(context.Background(), batch)
+				} else {
+					err = l.st.AppendEvents(context.Background(), batch)
+				}
+				if err == nil {
 					break
 				}
 				if try >= 4 && (!store.IsUnavailable(err) || time.Since(start) > UnavailableRetry) {

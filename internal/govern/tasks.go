@@ -453,34 +453,52 @@ type CallTicket struct {
 // With rec non-nil, an admitted call's command record is inserted in the
 // transaction that stores the counter (store.Store.StartCommand), and
 // rec.ID is set: one commit, before the command runs. The count is
-// exact under concurrency: it is taken and stored under the governor's
-// lock.
+// exact under concurrency: it is taken, and its write queued, under the
+// governor's lock; the commit is waited for after the lock is released
+// (so that concurrent calls share one commit), and queued writes commit
+// in the order they were queued, so the stored counter never goes back.
 func (g *Governor) BeginCall(ctx context.Context, id, sandbox, command string, rec *store.Command) (*CallTicket, error) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	ts, err := g.state(ctx, id)
 	if err != nil {
+		g.mu.Unlock()
 		return nil, err
 	}
 	g.checkDuration(ts)
 	if ts.t.Breaker.Open || ts.t.State == store.TaskEnded {
 		g.record(sandbox, id, "task.call_refused", map[string]any{"command": clip(command), "code": ts.t.Breaker.Code, "budget": ts.t.Breaker.Budget})
-		return nil, refusal(ts.t)
+		err := refusal(ts.t)
+		g.mu.Unlock()
+		return nil, err
 	}
 	if ts.t.Usage.Calls >= ts.t.Budgets.MaxCalls {
 		g.trip(ts, CodeBudgetExhausted, BudgetCalls, fmt.Sprintf("%d of %d tool calls made", ts.t.Usage.Calls, ts.t.Budgets.MaxCalls))
 		g.record(sandbox, id, "task.call_refused", map[string]any{"command": clip(command), "code": CodeBudgetExhausted, "budget": BudgetCalls})
-		return nil, refusal(ts.t)
+		err := refusal(ts.t)
+		g.mu.Unlock()
+		return nil, err
 	}
 	ts.t.Usage.Calls++
+	ts.dirty = false
+	var waitStart func() (int64, error)
+	var waitTask func() error
 	if rec == nil {
-		g.persist(ts)
-	} else if rid, err := g.st.StartCommand(context.WithoutCancel(ctx), rec, ts.t); err != nil {
-		g.cfg.Log.Error("record command", "task", id, "sandbox", sandbox, "err", err)
-		g.persist(ts)
+		waitTask = g.st.QueueTaskUpdate(ctx, ts.t)
 	} else {
-		ts.dirty = false
-		rec.ID = rid
+		waitStart = g.st.QueueStartCommand(ctx, rec, ts.t)
+	}
+	g.mu.Unlock()
+	if waitTask != nil {
+		err = waitTask()
+	} else if rec.ID, err = waitStart(); err != nil {
+		err = fmt.Errorf("record command: %w", err)
+	}
+	if err != nil {
+		g.cfg.Log.Error("record call", "task", id, "sandbox", sandbox, "err", err)
+		// The counter is written again with whatever the task is now.
+		g.mu.Lock()
+		g.persist(ts)
+		g.mu.Unlock()
 	}
 	return &CallTicket{g: g, task: id, sandbox: sandbox, command: command}, nil
 }

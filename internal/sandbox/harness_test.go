@@ -19,7 +19,7 @@ import (
 // harness is a Manager over a real SQLite store in a temporary directory
 // and the fake runtime driver: no root, no runc, no network.
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	st     *store.Store
 	reg    *registry.Registry
 	d      *runtimetest.Driver
@@ -31,7 +31,7 @@ type harness struct {
 // testConfig is a Manager configuration for unit tests: a fast death
 // check, no kill grace, snapshots in a temporary directory, no memory
 // pressure, and admission limits no test reaches unless it sets its own.
-func testConfig(t *testing.T) sandbox.Config {
+func testConfig(t testing.TB) sandbox.Config {
 	return sandbox.Config{
 		WatchInterval:  20 * time.Millisecond,
 		KillGrace:      time.Millisecond,
@@ -42,7 +42,7 @@ func testConfig(t *testing.T) sandbox.Config {
 	}
 }
 
-func newHarness(t *testing.T, cfg sandbox.Config) *harness {
+func newHarness(t testing.TB, cfg sandbox.Config) *harness {
 	t.Helper()
 	st, err := store.Open(filepath.Join(t.TempDir(), "corral.db"))
 	if err != nil {

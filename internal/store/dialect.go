@@ -244,6 +244,21 @@ type db struct {
 	// them.
 	read *sql.DB
 	d    dialect
+	// group, when set (SQLite), commits the hot writes together
+	// (groupCommit); nil: each write is its own transaction.
+	group *groupCommit
+	// wstmts and rstmts, when set (SQLite), are the prepared statements
+	// of sql and of read; nil: every query is prepared by the driver
+	// (pgx caches its own per connection).
+	wstmts, rstmts *stmtCache
+}
+
+// readStmts is the statement cache of reader().
+func (c *db) readStmts() *stmtCache {
+	if c.read != nil {
+		return c.rstmts
+	}
+	return c.wstmts
 }
 
 // reader is the pool of queries outside a transaction.
@@ -256,6 +271,11 @@ func (c *db) reader() *sql.DB {
 
 // close closes the pools.
 func (c *db) close() error {
+	if c.group != nil {
+		c.group.close()
+	}
+	c.wstmts.close()
+	c.rstmts.close()
 	err := c.sql.Close()
 	if c.read != nil {
 		err = errors.Join(err, c.read.Close())
@@ -269,18 +289,30 @@ type querier interface {
 }
 
 func (c *db) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	return c.sql.ExecContext(ctx, c.d.query(q), args...)
+	q = c.d.query(q)
+	if st := c.wstmts.get(q); st != nil {
+		return st.ExecContext(ctx, args...)
+	}
+	return c.sql.ExecContext(ctx, q, args...)
 }
 
 // QueryContext runs a read outside a transaction (on the read pool).
 func (c *db) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	return c.reader().QueryContext(ctx, c.d.query(q), args...)
+	q = c.d.query(q)
+	if st := c.readStmts().get(q); st != nil {
+		return st.QueryContext(ctx, args...)
+	}
+	return c.reader().QueryContext(ctx, q, args...)
 }
 
 // QueryRowContext runs a one-row read outside a transaction (on the
 // read pool); a statement that writes goes in a transaction (inTx).
 func (c *db) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
-	return c.reader().QueryRowContext(ctx, c.d.query(q), args...)
+	q = c.d.query(q)
+	if st := c.readStmts().get(q); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
+	return c.reader().QueryRowContext(ctx, q, args...)
 }
 
 // Exec is ExecContext without a context (tests).
@@ -316,32 +348,75 @@ func (c *db) tryTx(ctx context.Context, opts *sql.TxOptions, fn func(*tx) error)
 		return err
 	}
 	defer t.Rollback()
-	if err := fn(&tx{t, c.d}); err != nil {
+	if err := fn(&tx{t, c.d, c.wstmts}); err != nil {
 		return err
 	}
 	return t.Commit()
+}
+
+// queue runs fn in a transaction: through the group commit when the
+// database has one (lazy: fn may wait LazyCommitDelay for an eager write
+// to share its commit), else at once in a transaction of its own. The
+// returned channel delivers fn's result once committed. fn's statements
+// must use a context without cancellation (see groupCommit.submit).
+func (c *db) queue(fn func(*tx) error, lazy bool) <-chan error {
+	if c.group != nil {
+		return c.group.submit(fn, lazy)
+	}
+	done := make(chan error, 1)
+	done <- c.inTx(context.Background(), false, fn)
+	return done
 }
 
 // tx is a transaction of a db.
 type tx struct {
 	tx *sql.Tx
 	d  dialect
+	// stmts are the writer pool's prepared statements (nil: none), run
+	// on the transaction's connection through Tx.StmtContext.
+	stmts *stmtCache
+}
+
+// stmt returns the transaction's use of q's prepared statement, or nil.
+func (t *tx) stmt(ctx context.Context, q string) *sql.Stmt {
+	if st := t.stmts.get(q); st != nil {
+		return t.tx.StmtContext(ctx, st)
+	}
+	return nil
 }
 
 func (t *tx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	return t.tx.ExecContext(ctx, t.d.query(q), args...)
+	q = t.d.query(q)
+	if st := t.stmt(ctx, q); st != nil {
+		return st.ExecContext(ctx, args...)
+	}
+	return t.tx.ExecContext(ctx, q, args...)
 }
 
 func (t *tx) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	return t.tx.QueryContext(ctx, t.d.query(q), args...)
+	q = t.d.query(q)
+	if st := t.stmt(ctx, q); st != nil {
+		return st.QueryContext(ctx, args...)
+	}
+	return t.tx.QueryContext(ctx, q, args...)
 }
 
 func (t *tx) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
-	return t.tx.QueryRowContext(ctx, t.d.query(q), args...)
+	q = t.d.query(q)
+	if st := t.stmt(ctx, q); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
+	return t.tx.QueryRowContext(ctx, q, args...)
 }
 
+// PrepareContext returns the transaction's use of q's cached prepared
+// statement, or prepares q on the transaction.
 func (t *tx) PrepareContext(ctx context.Context, q string) (*sql.Stmt, error) {
-	return t.tx.PrepareContext(ctx, t.d.query(q))
+	q = t.d.query(q)
+	if st := t.stmt(ctx, q); st != nil {
+		return st, nil
+	}
+	return t.tx.PrepareContext(ctx, q)
 }
 
 // b2i stores a bool as 0 or 1 (both databases' columns are integers).

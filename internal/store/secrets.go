@@ -228,6 +228,27 @@ func (s *Store) AppendEvents(ctx context.Context, evs []*Event) error {
 	return nil
 }
 
+// AppendEventsLazy is AppendEvents for a writer that need not see its
+// events committed at once (the audit log's): on SQLite the batch may
+// wait up to LazyCommitDelay for a write that must commit now (a
+// command's start record) and share its commit (groupCommit), unless
+// Hurry is called.
+func (s *Store) AppendEventsLazy(ctx context.Context, evs []*Event) error {
+	ctx = context.WithoutCancel(ctx)
+	if err := <-s.db.queue(func(tx *tx) error { return appendEvents(ctx, tx, evs) }, true); err != nil {
+		return fmt.Errorf("append events: %w", err)
+	}
+	return nil
+}
+
+// Hurry makes lazy writes that wait for company (AppendEventsLazy)
+// commit now: a reader about to wait for them (audit.Log.Sync) calls it.
+func (s *Store) Hurry() {
+	if s.db.group != nil {
+		s.db.group.Hurry()
+	}
+}
+
 func appendEvents(ctx context.Context, tx *tx, evs []*Event) error {
 	if err := tx.d.lockEvents(ctx, tx.tx); err != nil {
 		return err

@@ -176,6 +176,8 @@ func openSQLite(path string) (*Store, error) {
 	rdb.SetMaxOpenConns(SQLiteReadConns)
 	rdb.SetMaxIdleConns(SQLiteReadConns)
 	st.db.read = rdb
+	st.db.wstmts, st.db.rstmts = newStmtCache(sdb), newStmtCache(rdb)
+	st.db.group = newGroupCommit(st.db)
 	return st, nil
 }
 
@@ -592,20 +594,41 @@ type Command struct {
 // written in the same transaction: one commit admits the call and
 // records the command, before the command runs.
 func (s *Store) StartCommand(ctx context.Context, c *Command, task *Task) (int64, error) {
+	return s.QueueStartCommand(ctx, c, task)()
+}
+
+// QueueStartCommand is StartCommand in two steps: it queues the write
+// (with a copy of task as it is now) and returns the function that waits
+// for its commit and returns the record id. Writes queued one after
+// another commit in that order, so a caller that queues under its own
+// lock and waits after releasing it still stores the task's states in
+// the order it made them (the governor's call counter). On SQLite
+// concurrent starts and the audit writer's pending batch share one
+// commit (groupCommit).
+func (s *Store) QueueStartCommand(ctx context.Context, c *Command, task *Task) (wait func() (int64, error)) {
+	ctx = context.WithoutCancel(ctx)
+	var tc *Task
+	if task != nil {
+		cp := *task
+		tc = &cp
+	}
+	cc := *c
 	var id int64
-	err := s.db.inTx(ctx, false, func(tx *tx) error {
-		if task != nil {
-			if err := updateTask(ctx, tx, task); err != nil {
+	done := s.db.queue(func(tx *tx) error {
+		if tc != nil {
+			if err := updateTask(ctx, tx, tc); err != nil {
 				return err
 			}
 		}
 		return tx.QueryRowContext(ctx, `INSERT INTO commands (sandbox_id, started_at, command, cwd, "user")
-		VALUES (?,?,?,?,?) RETURNING id`, c.SandboxID, ms(c.StartedAt), c.Command, c.Cwd, c.User).Scan(&id)
-	})
-	if err != nil {
-		return 0, fmt.Errorf("record command: %w", err)
+		VALUES (?,?,?,?,?) RETURNING id`, cc.SandboxID, ms(cc.StartedAt), cc.Command, cc.Cwd, cc.User).Scan(&id)
+	}, false)
+	return func() (int64, error) {
+		if err := <-done; err != nil {
+			return 0, fmt.Errorf("record command: %w", err)
+		}
+		return id, nil
 	}
-	return id, nil
 }
 
 // EndCommand records how a command ended.

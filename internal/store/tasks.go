@@ -91,7 +91,17 @@ func (s *Store) InsertTask(ctx context.Context, t *Task) error {
 
 // UpdateTask stores t's state, budgets, usage, breaker and end time.
 func (s *Store) UpdateTask(ctx context.Context, t *Task) error {
-	return updateTask(ctx, s.db, t)
+	return s.QueueTaskUpdate(ctx, t)()
+}
+
+// QueueTaskUpdate is UpdateTask in two steps (see QueueStartCommand): it
+// queues the write of a copy of t as it is now and returns the function
+// that waits for its commit.
+func (s *Store) QueueTaskUpdate(ctx context.Context, t *Task) (wait func() error) {
+	ctx = context.WithoutCancel(ctx)
+	tc := *t
+	done := s.db.queue(func(tx *tx) error { return updateTask(ctx, tx, &tc) }, false)
+	return func() error { return <-done }
 }
 
 func updateTask(ctx context.Context, e execer, t *Task) error {
