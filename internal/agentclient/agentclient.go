@@ -103,11 +103,19 @@ func NewHTTP(dial Dialer, token string) *http.Client {
 }
 
 // Cache keeps one HTTP client per sandbox, so that calls to one agent
-// reuse its connections. It is safe for concurrent use.
+// reuse its connections, and the agent's process client over it. It is
+// safe for concurrent use.
 type Cache struct {
 	mu sync.Mutex
 	// byID holds the clients by sandbox id; guarded by mu.
-	byID map[string]*http.Client
+	byID map[string]*cached
+}
+
+// cached is one sandbox's clients.
+type cached struct {
+	hc *http.Client
+	// proc is Process(hc), made on first use; guarded by Cache.mu.
+	proc processconnect.ProcessClient
 }
 
 // HTTP returns the client of sandbox id, making it with dial and token if
@@ -116,29 +124,47 @@ type Cache struct {
 func (c *Cache) HTTP(id string, dial Dialer, token string) *http.Client {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if hc, ok := c.byID[id]; ok {
-		return hc
-	}
-	hc := NewHTTP(dial, token)
-	if token == "" {
-		return hc
-	}
-	if c.byID == nil {
-		c.byID = map[string]*http.Client{}
-	}
-	c.byID[id] = hc
-	return hc
+	return c.get(id, dial, token).hc
 }
 
-// Drop forgets the client of sandbox id and closes its idle connections
+// Process returns Process(c.HTTP(id, dial, token)), kept with the HTTP
+// client: a command's start does not build the Connect clients again.
+func (c *Cache) Process(id string, dial Dialer, token string) processconnect.ProcessClient {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.get(id, dial, token)
+	if e.proc == nil {
+		e.proc = Process(e.hc)
+	}
+	return e.proc
+}
+
+// get returns the entry of id, making (and, with a token, keeping) it.
+// c.mu is held.
+func (c *Cache) get(id string, dial Dialer, token string) *cached {
+	if e, ok := c.byID[id]; ok {
+		return e
+	}
+	e := &cached{hc: NewHTTP(dial, token)}
+	if token == "" {
+		return e
+	}
+	if c.byID == nil {
+		c.byID = map[string]*cached{}
+	}
+	c.byID[id] = e
+	return e
+}
+
+// Drop forgets the clients of sandbox id and closes its idle connections
 // (the sandbox paused or ended).
 func (c *Cache) Drop(id string) {
 	c.mu.Lock()
-	hc, ok := c.byID[id]
+	e, ok := c.byID[id]
 	delete(c.byID, id)
 	c.mu.Unlock()
 	if ok {
-		hc.CloseIdleConnections()
+		e.hc.CloseIdleConnections()
 	}
 }
 

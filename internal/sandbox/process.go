@@ -27,7 +27,7 @@ func (m *Manager) dropClient(id string) { m.clients.Drop(id) }
 // ProcessClient returns a connect client for the sandbox agent's process
 // service, with every reply bounded (agentclient.NewProcessClient).
 func (m *Manager) ProcessClient(id string) processconnect.ProcessClient {
-	return agentclient.Process(m.AgentHTTP(id))
+	return m.clients.Process(id, func(ctx context.Context) (net.Conn, error) { return m.Dial(ctx, id) }, m.token(id))
 }
 
 // oomCounter is a driver that reads a sandbox's OOM-kill count alone,
@@ -87,6 +87,15 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 	if p.rec.User == "" {
 		p.rec.User = "user"
 	}
+	// The sandbox's OOM-kill count before the command, read while the
+	// start record commits (see Receive).
+	oom := make(chan uint64, 1)
+	go func() {
+		if n, err := m.oomKills(id); err == nil {
+			oom <- n
+		}
+		close(oom)
+	}()
 	// The command's record (and, for a task, the call counter with it,
 	// in one commit) is stored before the command runs: a command that
 	// ran always has a record, and a call counted after a crash.
@@ -106,9 +115,7 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req *process.Star
 	if user != "" {
 		creq.Header().Set("Authorization", agentclient.BasicUser(user))
 	}
-	if n, err := m.oomKills(id); err == nil {
-		p.oomStart = n
-	}
+	p.oomStart = <-oom
 	stream, err := m.ProcessClient(id).Start(agentclient.WithLifetime(ctx, lifetime), creq)
 	if err != nil {
 		cancel()
