@@ -98,6 +98,11 @@ func (s *Store) UpdateTask(ctx context.Context, t *Task) error {
 // queues the write of a copy of t as it is now and returns the function
 // that waits for its commit.
 func (s *Store) QueueTaskUpdate(ctx context.Context, t *Task) (wait func() error) {
+	if s.db.group == nil {
+		// No group commit (PostgreSQL): one statement, at once.
+		err := updateTask(ctx, s.db, t)
+		return func() error { return err }
+	}
 	ctx = context.WithoutCancel(ctx)
 	tc := *t
 	done := s.db.queue(func(tx *tx) error { return updateTask(ctx, tx, &tc) }, false)
