@@ -41,8 +41,9 @@ type groupCommit struct {
 	// delay is how long a lazy write waits (LazyCommitDelay; tests set
 	// their own before the first write).
 	delay time.Duration
-	// commits counts the transactions committed (for tests).
-	commits atomic.Int64
+	// commits counts the transactions committed and waiting the groups
+	// of lazy writes waiting for company (for tests).
+	commits, waiting atomic.Int64
 
 	mu     sync.RWMutex // guards closed against submit
 	closed bool
@@ -165,6 +166,8 @@ func lazyGroup(group []*groupReq) bool {
 func (g *groupCommit) wait(group *[]*groupReq) bool {
 	t := time.NewTimer(time.Until((*group)[0].lazyUntil))
 	defer t.Stop()
+	g.waiting.Add(1)
+	defer g.waiting.Add(-1)
 	for len(*group) < maxGroup {
 		select {
 		case r, ok := <-g.reqs:

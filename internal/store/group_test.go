@@ -61,10 +61,17 @@ func TestGroupCommitSharesOneCommit(t *testing.T) {
 	before := s.db.group.commits.Load()
 	lazy := lazyEvents(s, "lazy", 3)
 	// The lazy batch is held (an hour) until the start record comes.
-	select {
-	case err := <-lazy:
-		t.Fatalf("a lazy batch committed alone at once: %v", err)
-	case <-time.After(50 * time.Millisecond):
+	deadline := time.Now().Add(30 * time.Second)
+	for s.db.group.waiting.Load() != 1 {
+		select {
+		case err := <-lazy:
+			t.Fatalf("a lazy batch committed alone at once: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lazy batch never waited for company")
+		}
+		time.Sleep(time.Millisecond)
 	}
 	id, err := s.StartCommand(ctx, &Command{SandboxID: "sb", StartedAt: time.Now(), Command: "true"}, nil)
 	if err != nil || id == 0 {
