@@ -85,15 +85,22 @@ type replica struct {
 }
 
 // startReplica starts control plane name over the store at storeURL and
-// namespace ns of c. wrap, when set, wraps its driver (a test seam).
+// namespace ns of c, with warm pools. wrap, when set, wraps its driver
+// (a test seam).
 func startReplica(t testing.TB, c *cluster, ns string, ag *agents, storeURL, name string, pools []Pool, wrap func(*Driver) runtime.Driver) *replica {
+	return startReplicaWith(t, c, ns, ag, storeURL, name, func(o *Options) { o.Pools = pools }, wrap)
+}
+
+// startReplicaWith is startReplica with the driver's options adjusted by
+// mod.
+func startReplicaWith(t testing.TB, c *cluster, ns string, ag *agents, storeURL, name string, mod func(*Options), wrap func(*Driver) runtime.Driver) *replica {
 	t.Helper()
 	st, err := store.Open(storeURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg, _ := registrytest.New(t, st)
-	kd := newDriver(t, c, ns, ag, name, func(o *Options) { o.Pools = pools })
+	kd := newDriver(t, c, ns, ag, name, mod)
 	r := &replica{name: name, st: st, kd: kd, d: kd}
 	if wrap != nil {
 		r.d = wrap(kd)
@@ -101,7 +108,7 @@ func startReplica(t testing.TB, c *cluster, ns string, ag *agents, storeURL, nam
 	r.al = audit.New(st, nil, nil)
 	cfg := sandbox.Config{Node: name, WatchInterval: 100 * time.Millisecond, KillGrace: time.Second, Audit: r.al,
 		MemoryPressure: func() bool { return false },
-		Admission:      govern.NewAdmission(govern.AdmissionConfig{MaxConcurrent: 200, MaxPerAgent: 200, AgentRate: 1000, AgentBurst: 1000})}
+		Admission:      govern.NewAdmission(govern.AdmissionConfig{MaxConcurrent: 3000, MaxPerAgent: 3000, AgentRate: 10000, AgentBurst: 3000})}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r.m = sandbox.New(cfg, st, r.d, reg, log)
 	if err := r.m.Reconcile(context.Background()); err != nil {
