@@ -252,6 +252,8 @@ func endedEvents(t *testing.T, st *store.Store, id string) int {
 //   - a kill sent to a node that does not hold the sandbox failing (404)
 //     while the sandbox runs on; now any node kills it, once: one end,
 //     one sandbox.ended event, and the owner forgets it;
+//   - the API's warm pools, whose idle sandboxes have no record (the
+//     other node would reclaim them), are refused;
 //   - sandboxes of a node gone for good running for ever: another node
 //     ends them once overdue (past the TTL; the sandbox gone, the record
 //     older than the create deadline), and not before.
@@ -321,6 +323,12 @@ func TestNodesSharedRuntime(t *testing.T) {
 		}
 		if b.m.Running(late.ID) {
 			t.Fatal("node b adopted node a's sandbox")
+		}
+
+		// The API's warm pools would start sandboxes without records,
+		// which the other node's reaper would take for orphans.
+		if _, err := b.m.SetPool(ctx, sandbox.PoolConfig{Template: "base", Min: 1, Max: 1}); !errors.Is(err, runtime.ErrUnsupported) {
+			t.Fatalf("a warm pool of the API under a shared runtime: %v, want ErrUnsupported", err)
 		}
 
 		// A kill through the other node.
