@@ -34,6 +34,7 @@ var serveEnv = []flagfile.EnvVar{
 	{Var: "CORRAL_LISTEN", Flag: "listen"},
 	{Var: "CORRAL_DATA", Flag: "data"},
 	{Var: "CORRAL_STORE", Flag: "store"},
+	{Var: "CORRAL_NODE_ID", Flag: "node-id"},
 	{Var: template.CacheEnv, Flag: "template-cache"},
 	{Var: "CORRAL_LOG_LEVEL", Flag: "log-level"},
 }
@@ -107,6 +108,7 @@ func serveFlags(o *serveOptions) *pflag.FlagSet {
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file of --tls-cert")
 	f.BoolVar(&cfg.Insecure, "insecure", false, "allow plain HTTP on a --listen address that is not loopback (API keys would cross the network in clear text)")
 	f.StringVar(&cfg.DataDir, "data", server.DefaultDataDir, "data directory (database, admin key, sandbox state)")
+	f.StringVar(&cfg.NodeID, "node-id", "", "this control plane's id in the records of its sandboxes: stable across restarts, unique among the control planes sharing a --store (default: host name and a tag of the data dir)")
 	f.StringVar(&cfg.Store, "store", "", "PostgreSQL store shared by several control planes, postgres://USER@HOST:PORT/DB?... (password in PGPASSWORD or ~/.pgpass, not here); default: the SQLite file DATA/corral.db")
 	f.StringVar(&cfg.TemplateCache, "template-cache", template.DefaultCache, "template build cache")
 	f.BoolVar(&cfg.BuildCodeInterpreter, "build-code-interpreter", false, "build the code-interpreter template in the background at start when the cache lacks it (fetches Debian packages; corral template build-code-interpreter does it in the foreground)")

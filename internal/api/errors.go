@@ -38,6 +38,7 @@ const (
 	CodeVolumesUnavailable = corral.CodeVolumesUnavailable
 	CodeNotSupported       = corral.CodeNotSupported
 	CodeForbidden          = corral.CodeForbidden
+	CodeOtherNode          = corral.CodeOtherNode
 )
 
 // MaxJSONBody bounds JSON request bodies.
@@ -92,6 +93,7 @@ func classify(err error) apiFailure {
 	var rinv *registry.InvalidError
 	var rconflict *registry.ConflictError
 	var kinv *store.InvalidKeyError
+	var other *sandbox.OtherNodeError
 	switch {
 	case errors.Is(err, errForbiddenTeam), errors.Is(err, errAdminOnly):
 		return apiFailure{status: http.StatusForbidden, code: CodeForbidden, msg: err.Error()}
@@ -109,6 +111,8 @@ func classify(err error) apiFailure {
 		return apiFailure{status: http.StatusBadRequest, code: CodeEnvSecret, msg: envSecret.Error()}
 	case errors.As(err, &conflict):
 		return apiFailure{status: http.StatusConflict, code: CodeConflict, msg: conflict.Msg}
+	case errors.As(err, &other):
+		return apiFailure{status: http.StatusConflict, code: CodeOtherNode, msg: other.Error()}
 	case errors.As(err, &kinv):
 		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: kinv.Msg}
 	case errors.As(err, &rinv):

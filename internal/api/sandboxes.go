@@ -31,6 +31,8 @@ type sandboxView struct {
 	Task           string              `json:"task"`
 	Snapshot       string              `json:"snapshot"`
 	Volumes        []store.VolumeMount `json:"volumes"`
+	// Node is the control plane that runs the sandbox (its --node-id).
+	Node string `json:"node"`
 	// PublicTraffic is false when the sandbox's ports are private;
 	// TrafficToken is the token a request to one of them
 	// carries in the e2b-traffic-access-token header.
@@ -55,7 +57,7 @@ func view(sb *store.Sandbox) sandboxView {
 		Network: sb.Network, Metadata: sb.Metadata, CreatedAt: ts(sb.CreatedAt),
 		ExpiresAt: ts(sb.ExpiresAt), EndReason: sb.EndReason,
 		Allow: sb.Egress.Allow, Secrets: sb.Egress.Secrets, Warnings: sb.Warnings, Task: sb.TaskID, Snapshot: sb.Snapshot,
-		PublicTraffic: sb.TrafficToken == "", TrafficToken: sb.TrafficToken,
+		PublicTraffic: sb.TrafficToken == "", TrafficToken: sb.TrafficToken, Node: sb.Node,
 	}
 	if v.Allow == nil {
 		v.Allow = []string{}

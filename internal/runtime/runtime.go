@@ -194,6 +194,21 @@ type LossReporter interface {
 	LostReason(id string) string
 }
 
+// Shared is implemented by drivers whose sandboxes every control plane
+// using the same cluster sees (Kubernetes Pods): List returns other
+// control planes' sandboxes too, and any of them may Stop one. A driver
+// without it is host-local (runc, runsc): it holds only the sandboxes of
+// the control plane on its host.
+type Shared interface {
+	SharedRuntime() bool
+}
+
+// IsShared reports whether d is a Shared driver.
+func IsShared(d Driver) bool {
+	s, ok := d.(Shared)
+	return ok && s.SharedRuntime()
+}
+
 // Process is one process of a sandbox.
 type Process struct {
 	// Pid and PPid are host pids.

@@ -128,6 +128,20 @@ type Config struct {
 	// OnCommand, when set, is called once for every command started in a
 	// sandbox (the usage meter counts them), as its record is made.
 	OnCommand func(sandbox string)
+	// Node names this control plane in the records of the sandboxes it
+	// runs (the server's --node-id; default DefaultNode()). It must be
+	// stable across restarts (a restarted node adopts its own sandboxes)
+	// and unique among the control planes sharing one store.
+	Node string
+	// ForeignGrace is how long another node's sandbox must be overdue
+	// (past its TTL, or its Pod gone or ended) before this node ends it
+	// under a shared driver: its own node, if alive, acts within a
+	// death-check interval (default DefaultForeignGrace).
+	ForeignGrace time.Duration
+	// CreateDeadline bounds a create: another node's record younger than
+	// this is never ended for want of a sandbox (its create may still be
+	// starting the Pod). Default DefaultCreateDeadline.
+	CreateDeadline time.Duration
 	// GVisorLegacy says gVisor sandboxes run under a legacy runsc
 	// (Debian's 2022 package, the fallback when the pinned build is
 	// missing): they can have network none only and no volumes.
@@ -158,6 +172,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.WatchInterval == 0 {
 		c.WatchInterval = DefaultWatchInterval
+	}
+	if c.Node == "" {
+		c.Node = DefaultNode()
+	}
+	if c.ForeignGrace <= 0 {
+		c.ForeignGrace = DefaultForeignGrace
+	}
+	if c.CreateDeadline <= 0 {
+		c.CreateDeadline = DefaultCreateDeadline
 	}
 }
 
@@ -190,6 +213,11 @@ type Manager struct {
 	wd atomic.Pointer[watchdog.Watchdog]
 	// pools are the warm pools.
 	pools warmPools
+	// shared: the driver's sandboxes are every node's (runtime.Shared).
+	shared bool
+	// foreignDead holds when another node's sandbox was first seen dead
+	// (checkForeign); guarded by mu.
+	foreignDead map[string]time.Time
 
 	stop chan struct{}
 	done chan struct{}
@@ -228,6 +256,7 @@ func New(cfg Config, st *store.Store, d runtime.Driver, t TemplateRegistry, log 
 	}
 	m := &Manager{cfg: cfg, store: st, driver: d, templates: t, log: log,
 		live: map[string]*liveSandbox{}, tickets: map[string]*govern.Ticket{},
+		shared: runtime.IsShared(d), foreignDead: map[string]time.Time{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 	m.pools = pool.New(poolStarter{m}, st, cfg.Audit, cfg.MemoryPressure, log)
 	go m.watch()
@@ -430,7 +459,7 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		ID: idgen.New("", idgen.SandboxLen), AccessToken: idgen.Token(), Template: req.Template, Runtime: req.Runtime, Tier: req.Tier,
 		Resources: res, CommandTimeout: cmdTimeout, Network: req.Network,
 		Metadata: req.Metadata, State: store.StateRunning, CreatedAt: now, ExpiresAt: now.Add(ttl),
-		Team: teamOr(req.Team),
+		Team: teamOr(req.Team), Node: m.cfg.Node,
 	}
 	if snap != nil {
 		rec.Snapshot = snap.ID
@@ -687,8 +716,16 @@ func (m *Manager) expire(id string) {
 }
 
 // Kill stops a running sandbox and records it as killed.
+//
+// A sandbox another node runs (its record names that node) is killed
+// here only under a shared driver; under a host-local one the call is
+// refused with an *OtherNodeError (nodes.go).
 func (m *Manager) Kill(ctx context.Context, id string) (*store.Sandbox, error) {
-	if err := m.end(ctx, id, EndKilled, ""); err != nil {
+	err := m.end(ctx, id, EndKilled, "")
+	if errors.Is(err, ErrNotFound) {
+		err = m.killForeign(ctx, id)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return m.store.GetSandbox(ctx, id)
@@ -754,12 +791,16 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 		}
 	}
 	// The event is recorded before the record says ended, so that anyone
-	// who reads "ended" finds the event in the audit log.
+	// who reads "ended" finds the event in the audit log. Under a shared
+	// driver another node may have ended it (a kill sent there): its end
+	// and its event stand.
 	task := m.taskOf(id)
-	m.auditBy(ctx, id, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
-	if err := m.store.EndSandbox(context.WithoutCancel(ctx), id, reason, errText, time.Now()); err != nil {
-		m.audit(id, "sandbox.end_unrecorded", map[string]any{"reason": reason, "error": err.Error()})
-		return err
+	if !m.endedElsewhere(ctx, id) {
+		m.auditBy(ctx, id, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
+		if err := m.store.EndSandbox(context.WithoutCancel(ctx), id, reason, errText, time.Now()); err != nil {
+			m.audit(id, "sandbox.end_unrecorded", map[string]any{"reason": reason, "error": err.Error()})
+			return err
+		}
 	}
 	// From here the sandbox has ended; a failed stop is logged and kept
 	// in the record (errText), and the reaper reclaims what it left.
@@ -1138,25 +1179,51 @@ func (m *Manager) Stats(id string) (runtime.Stats, error) {
 }
 
 // Reconcile compares the store with the host after a (re)start: running
-// records whose sandbox is still alive are adopted (their TTL re-armed),
-// the rest are ended as orphaned; sandboxes the host holds without a
-// running record are torn down. The stored team quotas are applied
-// first.
+// records of this node whose sandbox is still alive are adopted (their
+// TTL re-armed), the rest are ended as orphaned; sandboxes the host holds
+// without a running record are torn down. The stored team quotas are
+// applied first, and records made before records named their node are
+// given to this one.
+//
+// Other nodes' records are never adopted. With a host-local driver they
+// are not even read: their sandboxes are on other hosts. With a shared
+// driver (Kubernetes) this node sees their sandboxes too and leaves them
+// to their node, unless one is overdue (checkForeign).
 func (m *Manager) Reconcile(ctx context.Context) error {
 	if err := m.LoadTeamQuotas(ctx); err != nil {
 		return err
 	}
-	recs, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StateRunning, store.StatePaused}})
-	if err != nil {
+	if n, err := m.store.AssignUnowned(ctx, m.cfg.Node); err != nil {
 		return err
+	} else if n > 0 {
+		m.log.Info("sandbox records without a node are this node's now", "node", m.cfg.Node, "records", n)
 	}
+	// The runtime first, the records second: a create inserts its record
+	// before it starts the sandbox, so every sandbox held here whose
+	// create is still running on another node has its record in the
+	// listing below (listed the other way round, a record inserted
+	// between the two would be missing and its sandbox reclaimed as an
+	// orphan under its creator).
 	held, err := m.driver.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list runtime sandboxes: %w", err)
 	}
+	f := store.SandboxFilter{States: []string{store.StateRunning, store.StatePaused}}
+	if !m.shared {
+		f.Node = m.cfg.Node
+	}
+	recs, err := m.store.ListSandboxes(ctx, f)
+	if err != nil {
+		return err
+	}
 	known := map[string]bool{}
+	var foreign []*store.Sandbox
 	for _, rec := range recs {
 		known[rec.ID] = true
+		if rec.Node != m.cfg.Node {
+			foreign = append(foreign, rec)
+			continue
+		}
 		// Commands whose stream the last run held are lost to it: their
 		// processes may still run (adopted sandbox) or not (orphaned),
 		// but nobody will see their end. Close the records.
@@ -1211,8 +1278,11 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		m.log.Info("reclaimed orphan without record", "id", id)
 		m.audit(id, "reaper.reclaimed", map[string]any{"what": "runtime state without a record", "reason": "no_record"})
 	}
+	m.checkForeign(ctx, foreign)
 	m.restoreNetworks(ctx)
-	m.pools.Load(ctx)
+	if !m.shared {
+		m.pools.Load(ctx)
+	}
 	return nil
 }
 

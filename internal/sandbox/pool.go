@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -94,6 +95,12 @@ func poolable(req *CreateRequest) bool {
 // SetPool creates or changes c.Team's pool of a template (min 0 and max
 // 0 removes it, killing its idle sandboxes).
 func (m *Manager) SetPool(ctx context.Context, c PoolConfig) (PoolStats, error) {
+	if m.shared {
+		// Idle sandboxes have no record, which other nodes sharing the
+		// runtime would reclaim as orphans: the driver keeps warm pools
+		// of its own (--kube-pools).
+		return PoolStats{}, fmt.Errorf("warm pools through the API (the runtime's warm pools are its own, --kube-pools): %w", runtime.ErrUnsupported)
+	}
 	if c.Template == "" {
 		c.Template = m.cfg.DefaultTemplate
 	}

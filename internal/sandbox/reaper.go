@@ -28,6 +28,15 @@ func (m *Manager) Reap(ctx context.Context) {
 	if err != nil {
 		m.log.Error("reaper: list runtime", "err", err)
 	}
+	// Under a shared driver the runtime holds other nodes' sandboxes too:
+	// those with a running record are theirs (listed after the runtime,
+	// so a record inserted by a create in flight is in it).
+	var records map[string]bool
+	if m.shared {
+		if records = m.reapForeign(ctx); records == nil {
+			held = nil // no listing of the records: reclaim nothing
+		}
+	}
 	m.mu.Lock()
 	live := make(map[string]*liveSandbox, len(m.live))
 	for id, ls := range m.live {
@@ -35,7 +44,7 @@ func (m *Manager) Reap(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	for _, id := range held {
-		if live[id] != nil || m.pools.Owns(id) {
+		if live[id] != nil || m.pools.Owns(id) || records[id] {
 			continue
 		}
 		// A record may be on its way in (Create inserts the live entry

@@ -123,8 +123,9 @@ func (k KubeConfig) pools() ([]kube.Pool, error) {
 	return out, nil
 }
 
-// openKube connects to the cluster and starts the kube driver.
-func openKube(ctx context.Context, k KubeConfig) (*kube.Driver, error) {
+// openKube connects to the cluster and starts the kube driver; node
+// names this control plane on the Pods it claims.
+func openKube(ctx context.Context, k KubeConfig, node string) (*kube.Driver, error) {
 	var rc *rest.Config
 	var err error
 	if k.Kubeconfig == "" {
@@ -154,6 +155,7 @@ func openKube(ctx context.Context, k KubeConfig) (*kube.Driver, error) {
 		RuntimeClasses: classes, RuntimeClassByRuntime: map[runtime.Runtime]string{runtime.GVisor: k.RuntimeClass},
 		ReadOnlyRoot: ro, AgentImage: k.AgentImage, Pools: pools,
 		ControlPlaneNamespace: k.ControlPlaneNamespace, NetworkPolicyEnforced: k.NetworkPolicyEnforced,
+		Replica: node,
 	}
 	if k.Egress {
 		opts.Egress = &kube.Egress{Namespace: k.ControlPlaneNamespace,

@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -67,6 +68,12 @@ type Config struct {
 	// or postgresql:// URL) that several control planes may share; ""
 	// is the SQLite file DATA/corral.db.
 	Store string
+	// NodeID names this control plane in the records of the sandboxes it
+	// runs (--node-id): stable across restarts (a restarted node adopts
+	// its own sandboxes), unique among the control planes sharing one
+	// store. Default: the host name and the data dir's instance tag
+	// (DefaultNodeID).
+	NodeID string
 	// TemplateCache holds template builds (default /var/cache/corral/templates).
 	TemplateCache string
 	// BuildCodeInterpreter builds the code-interpreter template in the
@@ -299,6 +306,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("e2b-internet %q: use none or all-public", c.E2BInternet))
 	}
 	errs = append(errs, c.checkTLS())
+	if c.NodeID != "" && !nodeIDRe.MatchString(c.NodeID) {
+		errs = append(errs, fmt.Errorf("node-id %q: 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", c.NodeID))
+	}
 	if c.Store != "" && !store.IsPostgres(c.Store) {
 		errs = append(errs, fmt.Errorf("store: want a postgres:// or postgresql:// URL (the default store is the SQLite file DATA/corral.db)"))
 	}
@@ -335,6 +345,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("data %q: %w", c.DataDir, err)
 	}
 	c.DataDir = abs
+	if c.NodeID == "" {
+		c.NodeID = DefaultNodeID(c.DataDir)
+	}
 	if c.NoAuditArchive {
 		c.AuditRetention.ArchiveDir = ""
 	} else if c.AuditRetention.ArchiveDir == "" {
@@ -501,7 +514,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	var drv closingDriver
 	gvisorLegacy := false
 	if cfg.Driver == DriverKube {
-		drv, err = openKube(ctx, cfg.Kube)
+		drv, err = openKube(ctx, cfg.Kube, cfg.NodeID)
 		cfg.NoNetwork = true
 	} else {
 		var runsc oci.Runsc
@@ -598,7 +611,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		PrivatePorts: cfg.PortsDefault == "private",
 		Governor:     gov, Admission: adm, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), MaxOutput: cfg.MaxOutput,
 		IdleTimeout: cfg.IdleTimeout, WatchInterval: cfg.DeathCheckInterval, MemoryPressure: cfg.MemoryPressure, Volumes: volSvc, RunawayAction: cfg.RunawayAction, SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"),
-		IDBase: ids.Base, OnCommand: meter.Command, GVisorLegacy: gvisorLegacy,
+		IDBase: ids.Base, OnCommand: meter.Command, GVisorLegacy: gvisorLegacy, Node: cfg.NodeID,
 	}
 	if gw != nil { // a nil *Gateway in the interface would not be nil
 		mcfg.Gateway = gw
@@ -661,6 +674,31 @@ const InstanceTagLen = 5
 func instanceTag(dataDir string) string {
 	sum := sha256.Sum256([]byte(dataDir))
 	return hex.EncodeToString(sum[:])[:InstanceTagLen]
+}
+
+// nodeIDRe is what --node-id accepts (a Kubernetes label value's
+// alphabet, so that it can name the replica on the Pods it claims).
+var nodeIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// DefaultNodeID is the node id of a server given no --node-id: its host
+// name and the instance tag of its data dir (two servers on one host
+// with their own data dirs are two nodes), made a valid node id.
+func DefaultNodeID(dataDir string) string {
+	h := sandbox.DefaultNode()
+	h = strings.Map(func(r rune) rune {
+		if r < 128 && (r == '.' || r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return r
+		}
+		return '-'
+	}, h)
+	h = strings.TrimLeft(h, "._-")
+	if len(h) > 63-1-InstanceTagLen {
+		h = h[:63-1-InstanceTagLen]
+	}
+	if h == "" {
+		h = "corral"
+	}
+	return h + "-" + instanceTag(dataDir)
 }
 
 // openGateway starts the network gateway: egress CA, resolver, listeners

@@ -280,6 +280,9 @@ var addedColumns = []struct{ table, column, def string }{
 	{"api_keys", "team", "TEXT NOT NULL DEFAULT 'default'"},
 	{"api_keys", "role", "TEXT NOT NULL DEFAULT 'admin'"},
 	{"api_keys", "revoked_at", "INTEGER"},
+	// The control plane (node) that runs the sandbox; '' in rows made
+	// before it, which AssignUnowned gives to the first node to start.
+	{"sandboxes", "node", "TEXT NOT NULL DEFAULT ''"},
 }
 
 // Close closes the database.
@@ -346,6 +349,10 @@ type Sandbox struct {
 	Lifecycle Lifecycle
 	// Volumes are the volumes mounted in the sandbox.
 	Volumes []VolumeMount
+	// Node is the control plane that runs the sandbox (its --node-id):
+	// the one that may adopt it at start and that holds its TTL timer
+	// and its agent connections.
+	Node string
 	// Warnings are returned by create and recorded in the audit log; they
 	// are not stored with the record.
 	Warnings []string
@@ -379,11 +386,11 @@ func (s *Store) InsertSandbox(ctx context.Context, sb *Sandbox) error {
 	lc, _ := json.Marshal(sb.Lifecycle)
 	vols, _ := json.Marshal(orEmptySlice(sb.Volumes))
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes
-		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version, env, lifecycle, volumes, traffic_token, team)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, access_token, egress, task_id, snapshot, template_version, env, lifecycle, volumes, traffic_token, team, node)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Template, sb.Runtime, sb.Tier, string(res), sb.CommandTimeout.Milliseconds(),
 		sb.Network, string(meta), sb.State, ms(sb.CreatedAt), ms(sb.ExpiresAt), sb.AccessToken, string(eg), sb.TaskID, sb.Snapshot, sb.TemplateVersion,
-		string(envJSON), string(lc), string(vols), sb.TrafficToken, teamOr(sb.Team))
+		string(envJSON), string(lc), string(vols), sb.TrafficToken, teamOr(sb.Team), sb.Node)
 	if err != nil {
 		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
 	}
@@ -406,12 +413,40 @@ func orEmpty(m map[string]string) map[string]string {
 
 // EndSandbox marks a sandbox ended with reason (only the first end counts).
 func (s *Store) EndSandbox(ctx context.Context, id, reason, errText string, at time.Time) error {
-	_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state=?, ended_at=?, end_reason=?, error=?
+	_, err := s.EndSandboxFirst(ctx, id, reason, errText, at)
+	return err
+}
+
+// EndSandboxFirst is EndSandbox that reports whether this call ended
+// the record (false: it had ended already, or there is none), so that
+// of two control planes ending one sandbox at once exactly one records
+// the end.
+func (s *Store) EndSandboxFirst(ctx context.Context, id, reason, errText string, at time.Time) (bool, error) {
+	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state=?, ended_at=?, end_reason=?, error=?
 		WHERE id=? AND state<>?`, StateEnded, ms(at), reason, errText, id, StateEnded)
 	if err != nil {
-		return fmt.Errorf("end sandbox %s: %w", id, err)
+		return false, fmt.Errorf("end sandbox %s: %w", id, err)
 	}
-	return nil
+	n, err := r.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("end sandbox %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
+// AssignUnowned gives node every sandbox record that names no node
+// (rows made before records named their control plane, which only one
+// control plane could have run) and returns how many it took.
+func (s *Store) AssignUnowned(ctx context.Context, node string) (int64, error) {
+	if node == "" {
+		return 0, errors.New("assign sandboxes: no node id")
+	}
+	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET node=? WHERE node=''`, node)
+	if err != nil {
+		return 0, fmt.Errorf("assign sandboxes to node %s: %w", node, err)
+	}
+	n, _ := r.RowsAffected()
+	return n, nil
 }
 
 // SetExpiry changes a running sandbox's expiry time.
@@ -466,7 +501,7 @@ func (s *Store) SetState(ctx context.Context, id, state string, expires time.Tim
 	return nil
 }
 
-const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version, env, persisted, lifecycle, volumes, traffic_token, team`
+const sandboxCols = `id, template, runtime, tier, resources, command_timeout_ms, network, metadata, state, created_at, expires_at, ended_at, end_reason, error, access_token, egress, task_id, snapshot, template_version, env, persisted, lifecycle, volumes, traffic_token, team, node`
 
 // teamOr is team, or DefaultTeam when it is empty: every record has a
 // team.
@@ -483,7 +518,7 @@ func scanSandbox(sc interface{ Scan(...any) error }) (*Sandbox, error) {
 	var ctMS, created, expires int64
 	var ended sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Template, &sb.Runtime, &sb.Tier, &res, &ctMS, &sb.Network, &meta,
-		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion, &envJSON, &sb.Persisted, &lc, &vols, &sb.TrafficToken, &sb.Team); err != nil {
+		&sb.State, &created, &expires, &ended, &sb.EndReason, &sb.Error, &sb.AccessToken, &eg, &sb.TaskID, &sb.Snapshot, &sb.TemplateVersion, &envJSON, &sb.Persisted, &lc, &vols, &sb.TrafficToken, &sb.Team, &sb.Node); err != nil {
 		return nil, err
 	}
 	_ = json.Unmarshal([]byte(envJSON), &sb.Env)
@@ -521,6 +556,8 @@ type SandboxFilter struct {
 	Team string
 	// States selects sandboxes in one of the states.
 	States []string
+	// Node selects the sandboxes of one control plane ("" = every one's).
+	Node string
 }
 
 // ListSandboxes returns the sandboxes f selects, newest first.
@@ -530,6 +567,10 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox,
 	if f.Team != "" {
 		q += ` AND team=?`
 		args = append(args, f.Team)
+	}
+	if f.Node != "" {
+		q += ` AND node=?`
+		args = append(args, f.Node)
 	}
 	if states := f.States; len(states) > 0 && states[0] != "" {
 		q += ` AND state IN (?` + strings.Repeat(",?", len(states)-1) + `)`

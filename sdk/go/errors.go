@@ -64,6 +64,11 @@ const (
 	// status 403. Another team's records are never forbidden but absent
 	// (CodeNotFound).
 	CodeForbidden = "forbidden"
+	// CodeOtherNode: the sandbox runs on another control plane's host
+	// (several control planes share one store with the runc or runsc
+	// driver); only that node can reach it, and the message names it;
+	// status 409.
+	CodeOtherNode = "other_node"
 )
 
 // APIError is an error reported by the corral server or by a sandbox's

@@ -74,6 +74,8 @@ type Sandbox struct {
 	Snapshot string
 	// Volumes are the volumes the sandbox mounts.
 	Volumes []MountedVolume
+	// Node is the control plane that runs the sandbox (its --node-id).
+	Node string
 	// PublicTraffic is false when the sandbox's ports are private: a
 	// request to one must carry TrafficToken in the
 	// e2b-traffic-access-token header (TrafficTokenHeader).
@@ -129,6 +131,7 @@ type sandboxWire struct {
 	Task           string            `json:"task"`
 	Snapshot       string            `json:"snapshot"`
 	Volumes        []MountedVolume   `json:"volumes"`
+	Node           string            `json:"node"`
 	PublicTraffic  bool              `json:"public_traffic"`
 	TrafficToken   string            `json:"traffic_token,omitempty"`
 	Current        *Sample           `json:"current,omitempty"`
@@ -149,7 +152,7 @@ func (s *Sandbox) MarshalJSON() ([]byte, error) {
 		Resources: s.Resources, CommandTimeout: s.CommandTimeout.Seconds(), Network: s.Network,
 		Allow: orEmptyList(s.Allow), Secrets: orEmptyList(s.Secrets), Warnings: s.Warnings,
 		Metadata: md, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, EndedAt: s.EndedAt,
-		EndReason: s.EndReason, Task: s.Task, Snapshot: s.Snapshot, Volumes: orEmptyList(s.Volumes),
+		EndReason: s.EndReason, Task: s.Task, Snapshot: s.Snapshot, Volumes: orEmptyList(s.Volumes), Node: s.Node,
 		PublicTraffic: s.PublicTraffic, TrafficToken: s.TrafficToken, Current: s.Current,
 	})
 }
@@ -167,7 +170,7 @@ func (s *Sandbox) UnmarshalJSON(b []byte) error {
 		Resources: w.Resources, CommandTimeout: secondsToDuration(w.CommandTimeout), Network: w.Network,
 		Allow: w.Allow, Secrets: w.Secrets, Warnings: w.Warnings,
 		Metadata: w.Metadata, CreatedAt: w.CreatedAt, ExpiresAt: w.ExpiresAt, EndedAt: w.EndedAt,
-		EndReason: w.EndReason, Task: w.Task, Snapshot: w.Snapshot, Volumes: w.Volumes,
+		EndReason: w.EndReason, Task: w.Task, Snapshot: w.Snapshot, Volumes: w.Volumes, Node: w.Node,
 		PublicTraffic: w.PublicTraffic, TrafficToken: w.TrafficToken, Current: w.Current, client: client,
 	}
 	return nil

@@ -30,6 +30,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/corralhq/corral/internal/store/pgtest"
 )
 
 // The test cluster: a real etcd and kube-apiserver on 127.0.0.1, kwok
@@ -71,9 +73,12 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := pgtest.Main(m)
 	if theCluster != nil {
 		theCluster.shutdown()
+	}
+	if agentBinDir != "" {
+		os.RemoveAll(agentBinDir)
 	}
 	os.Exit(code)
 }

@@ -53,6 +53,11 @@ const indexSandbox = "sandbox"
 
 var _ runtime.Driver = (*Driver)(nil)
 var _ runtime.LossReporter = (*Driver)(nil)
+var _ runtime.Shared = (*Driver)(nil)
+
+// SharedRuntime: every control plane on the cluster sees every sandbox
+// Pod of the namespace, and may delete one.
+func (d *Driver) SharedRuntime() bool { return true }
 
 // New starts a driver: it checks the cluster (the NetworkPolicy-enforcing
 // CNI when egress is on), applies the sandboxes' NetworkPolicy, starts
