@@ -78,10 +78,15 @@ func TestIdleTimeout(t *testing.T) {
 		t.Cleanup(func() { s.c.Kill(context.Background(), sb.ID) })
 		return sb
 	}
-	idle, busy, paused := mk(), mk(), mk()
+	// Each sandbox gets its command or its pause right after its create:
+	// the server's own reaper pass (every 30 s) may come at any moment,
+	// and a create on a loaded host can take longer than the limit, so
+	// creating all three first could leave busy or paused idle past it.
+	idle, busy := mk(), mk()
 	if _, err := busy.Start(ctx, "sleep 600", corral.RunOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	paused := mk()
 	if _, err := s.c.Pause(ctx, paused.ID); err != nil {
 		t.Fatal(err)
 	}

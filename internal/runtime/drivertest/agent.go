@@ -56,6 +56,10 @@ type agent struct {
 	hc    *http.Client
 	pc    processconnect.ProcessClient
 	token string
+	// d and id are the driver and sandbox, for diagnosing a broken
+	// stream (diagnose).
+	d  runtime.Driver
+	id string
 }
 
 // newAgent returns a client of sandbox id's agent over d.Dial. Keep-alives
@@ -70,7 +74,21 @@ func newAgent(d runtime.Driver, id, token string) *agent {
 		DisableCompression: true,
 	}
 	hc := &http.Client{Transport: tr}
-	return &agent{hc: hc, pc: processconnect.NewProcessClient(hc, agentURL), token: token}
+	return &agent{hc: hc, pc: processconnect.NewProcessClient(hc, agentURL), token: token, d: d, id: id}
+}
+
+// diagnose says what the host knows of a sandbox whose command stream
+// broke (the sandbox died under the command, or its agent did): whether
+// the driver sees it alive, its Stats (OOM kills, tasks, memory) and the
+// last lines its runtime logged, when the driver keeps a log (AgentLog),
+// so that a failure on a loaded CI host says why.
+func (a *agent) diagnose() string {
+	st, err := a.d.Stats(a.id)
+	msg := fmt.Sprintf("sandbox alive %v; stats %+v (%v)", a.d.Alive(a.id), st, err)
+	if l, ok := a.d.(interface{ AgentLog(id string) string }); ok {
+		msg += "; runtime log: " + l.AgentLog(a.id)
+	}
+	return msg
 }
 
 // run runs script with /bin/sh -c as user ("" for the sandbox's default
@@ -120,6 +138,9 @@ func (a *agent) must(t *testing.T, user, script string) string {
 	t.Helper()
 	res := a.run(context.Background(), user, script)
 	if !res.exitOK() {
+		if res.End == nil {
+			t.Fatalf("%q as %q: %s; %s", script, orDefault(user), res, a.diagnose())
+		}
 		t.Fatalf("%q as %q: %s", script, orDefault(user), res)
 	}
 	return strings.TrimSpace(res.Stdout)

@@ -681,8 +681,21 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	}
 	rt := d.runtimeOf(id)
 	rc := d.binary(rt)
-	if err := rc.Pause(ctx, id); err != nil {
-		return fmt.Errorf("%s pause %s: %w", rc.Command, id, err)
+	// runc's cgroup v1 freeze gives up ("unable to freeze") after a few
+	// hundred milliseconds of FREEZING and thaws the sandbox back, while
+	// a busy sandbox throttled at its CPU quota on a loaded host reaches
+	// the freezer only once its quota refills: such a pause is retried,
+	// for up to freezeTimeout. TestConformance/runc/PauseThrottled is
+	// the regression test.
+	deadline := time.Now().Add(freezeTimeout)
+	for {
+		err := rc.Pause(ctx, id)
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "unable to freeze") || time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%s pause %s: %w", rc.Command, id, err)
+		}
 	}
 	if rt == runtime.GVisor {
 		return d.freezeGVisor(ctx, id)
