@@ -1383,6 +1383,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	close(m.stop)
 	<-m.done
 	m.pools.Drain()
+	m.waitEnds(ctx)
 	m.mu.Lock()
 	for _, ls := range m.live {
 		if ls.timer != nil {
@@ -1390,6 +1391,28 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 		}
 	}
 	m.mu.Unlock()
+}
+
+// waitEnds waits (until ctx is done) for the ends in flight (a kill, the
+// watchdog, a TTL): a shutdown that returned while one still tore its
+// sandbox down would leave its mounts, cgroups and record to a process
+// about to exit.
+func (m *Manager) waitEnds(ctx context.Context) {
+	m.mu.Lock()
+	var ending []chan struct{}
+	for _, ls := range m.live {
+		if ls.ending && ls.ended != nil {
+			ending = append(ending, ls.ended)
+		}
+	}
+	m.mu.Unlock()
+	for _, ch := range ending {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // Dial connects to a running sandbox's agent.

@@ -3,11 +3,14 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
 )
 
 // TestShutdownStartsNothingMore guards against a sandbox outliving the
@@ -37,4 +40,54 @@ func TestShutdownStartsNothingMore(t *testing.T) {
 		t.Errorf("the driver still holds %v after a shutdown that kills all", held)
 	}
 	h.m = h.open() // the harness's cleanup shuts this one down
+}
+
+// TestShutdownWaitsForEndsInFlight defends against a shutdown returning
+// while a sandbox is still being torn down (the watchdog's cpu_runaway
+// end, a kill or a TTL in flight): the process then exits or its data
+// dir is removed with the sandbox's rootfs still mounted and its record
+// still running (found as a leaked overlay mount after a test server
+// closed during a runaway kill). Shutdown must return only after that
+// end has stopped the sandbox and recorded it.
+func TestShutdownWaitsForEndsInFlight(t *testing.T) {
+	for _, killAll := range []bool{false, true} {
+		t.Run(fmt.Sprintf("killAll=%v", killAll), func(t *testing.T) {
+			h := newHarness(t, testConfig(t))
+			rec := h.create(sandbox.CreateRequest{})
+			entered, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			h.d.OnStop(func(id string) {
+				if id == rec.ID {
+					once.Do(func() { close(entered) })
+					<-release
+				}
+			})
+			go h.m.OnRunaway(rec.ID)
+			<-entered
+			done := make(chan struct{})
+			go func() {
+				h.m.Shutdown(context.Background(), killAll)
+				close(done)
+			}()
+			select {
+			case <-done:
+				close(release)
+				h.d.OnStop(nil)
+				h.m = h.open() // the harness's cleanup shuts this one down
+				t.Fatal("Shutdown returned while the sandbox's end was still stopping it")
+			case <-time.After(300 * time.Millisecond):
+			}
+			close(release)
+			<-done
+			got, err := h.st.GetSandbox(context.Background(), rec.ID)
+			if err != nil || got.State != store.StateEnded || got.EndReason != sandbox.EndCPURunaway {
+				t.Fatalf("after Shutdown the record is %+v (%v); want ended cpu_runaway", got, err)
+			}
+			if held := h.held(); len(held) != 0 {
+				t.Fatalf("the driver still holds %v after Shutdown", held)
+			}
+			h.d.OnStop(nil)
+			h.m = h.open()
+		})
+	}
 }

@@ -73,6 +73,8 @@ type Driver struct {
 	responders []Responder
 	// startHook, when set, can refuse a Start; guarded by mu.
 	startHook func(runtime.Config) error
+	// stopHook, when set, runs first in every Stop; guarded by mu.
+	stopHook func(id string)
 	// starts and stops count calls (for assertions); guarded by mu.
 	starts, stops int
 	// dials counts agent connections by sandbox id; guarded by mu.
@@ -108,6 +110,14 @@ func (d *Driver) OnStart(hook func(runtime.Config) error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.startHook = hook
+}
+
+// OnStop makes every later Stop call hook(id) first (a test can hold a
+// stop in flight); nil removes the hook.
+func (d *Driver) OnStop(hook func(id string)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stopHook = hook
 }
 
 // Start holds a new running sandbox and starts its fake agent. Like the
@@ -168,6 +178,12 @@ func cloneConfig(c runtime.Config) runtime.Config {
 func (d *Driver) Stop(ctx context.Context, id string, grace time.Duration) error {
 	if !idPattern.MatchString(id) {
 		return fmt.Errorf("invalid sandbox id %q", id)
+	}
+	d.mu.Lock()
+	hook := d.stopHook
+	d.mu.Unlock()
+	if hook != nil {
+		hook(id)
 	}
 	d.mu.Lock()
 	b, ok := d.boxes[id]
