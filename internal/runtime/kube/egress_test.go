@@ -640,4 +640,3 @@ func TestClusterEgress(t *testing.T) {
 		}
 	})
 }
-
