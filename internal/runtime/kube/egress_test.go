@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -24,8 +25,14 @@ import (
 
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
+	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 
 	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
@@ -639,4 +646,70 @@ func TestClusterEgress(t *testing.T) {
 			t.Fatal("a request reached the upstream with the proxy down")
 		}
 	})
+}
+
+// TestEgressRBAC: the egress proxy's account of deploy/kubernetes/egress.yaml
+// is enough for its Pod watch (WatchPodIPs) and nothing more: it cannot
+// read Secrets or create, patch or delete Pods. Every object of the file
+// decodes. It defends against the manifest drifting from the code, and
+// against a proxy that could change the sandboxes it serves.
+func TestEgressRBAC(t *testing.T) {
+	c := testCluster(t)
+	applyManifest(t, c, "namespace.yaml")
+	b, err := os.ReadFile("../../../deploy/kubernetes/egress.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, doc := range bytes.Split(b, []byte("\n---")) {
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("egress.yaml: %v", err)
+		}
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			_, err = c.client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			_, err = c.client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			_, err = c.client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("egress.yaml: create %T: %v", obj, err)
+		}
+	}
+	tok, err := c.client.CoreV1().ServiceAccounts("corral").CreateToken(ctx, "corral-egress", &authv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := rest.CopyConfig(c.config)
+	rc.BearerToken = tok.Status.Token
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	pods, err := WatchPodIPs(wctx, client, "corral-sandboxes", nil)
+	if err != nil {
+		t.Fatalf("the Pod watch as the egress proxy's account: %v", err)
+	}
+	pods.Close()
+	const ns = "corral-sandboxes"
+	if _, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the egress proxy lists Secrets: %v; want forbidden", err)
+	}
+	if _, err := client.CoreV1().Pods("corral").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the egress proxy lists Pods of another namespace: %v; want forbidden", err)
+	}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "x", Image: "x"}}}}
+	if _, err := client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the egress proxy creates Pods: %v; want forbidden", err)
+	}
+	if err := client.CoreV1().Pods(ns).Delete(ctx, "x", metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the egress proxy deletes Pods: %v; want forbidden", err)
+	}
 }
