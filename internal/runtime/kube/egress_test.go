@@ -703,12 +703,23 @@ func TestEgressRBAC(t *testing.T) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	pods, err := WatchPodIPs(wctx, client, "corral-sandboxes", nil)
+	const ns = "corral-sandboxes"
+	pods, err := WatchPodIPs(wctx, client, ns, nil)
 	if err != nil {
 		t.Fatalf("the Pod watch as the egress proxy's account: %v", err)
 	}
-	pods.Close()
-	const ns = "corral-sandboxes"
+	defer pods.Close()
+	// A Pod made after the first listing reaches the index: the watch
+	// (not only the list) is allowed.
+	e := &egressEnv{t: t, c: c, ns: ns, pods: pods, podIP: netip.MustParseAddr("10.244.200.9")}
+	if _, err := c.client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "corral-sandbox"}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	name := e.runPod("rbacegress1", corev1.PodRunning)
+	e.waitLookup("rbacegress1", "")
+	zero := int64(0)
+	_ = c.client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 	if _, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("the egress proxy lists Secrets: %v; want forbidden", err)
 	}
