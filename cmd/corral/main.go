@@ -16,7 +16,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServeCmd(), newAgentCmd(), newSupervisorCmd())
+	root.AddCommand(newServeCmd(), newEgressProxyCmd(), newAgentCmd(), newSupervisorCmd())
 	addClientCommands(root)
 	if err := root.Execute(); err != nil {
 		var ec exitCoder

@@ -81,6 +81,12 @@ type Client struct {
 	// Secrets are the secrets this sandbox may use (already resolved by
 	// the caller).
 	Secrets []Secret
+	// Refused, when set, is why nothing from this address may pass even
+	// though the lookup knows something of it (a Pod that is not Running,
+	// a policy store that cannot be read): every attempt is refused with
+	// this reason and audited (with ID when it is known). It lets a
+	// lookup fail closed with a reason instead of a bare "unknown".
+	Refused string
 }
 
 // ProxyConfig configures a [Proxy].
@@ -261,7 +267,7 @@ type connSlotKey struct{}
 func (p *Proxy) connContext(ctx context.Context, c net.Conn) context.Context {
 	slot := &connSlot{}
 	if a, ok := addrOf(c.RemoteAddr()); ok {
-		if cl, ok := p.cfg.Client(a); ok {
+		if cl, ok := p.cfg.Client(a); ok && cl.Refused == "" {
 			slot = p.caps.acquireConn(cl.ID, cl.Limits)
 		}
 	}
@@ -372,6 +378,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ev.Sandbox = cl.ID
+	if cl.Refused != "" {
+		refuse(http.StatusForbidden, cl.Refused)
+		return
+	}
 
 	slot, _ := r.Context().Value(connSlotKey{}).(*connSlot)
 	if slot == nil {

@@ -224,6 +224,10 @@ func (p *Proxy) ServeTransparent(ctx context.Context, c net.Conn, orig netip.Add
 		return
 	}
 	ev.Sandbox = cl.ID
+	if cl.Refused != "" {
+		refuse(cl.Refused)
+		return
+	}
 	slot := p.caps.acquireConn(cl.ID, cl.Limits)
 	defer slot.release()
 	if slot.over {
@@ -422,6 +426,10 @@ func (h *connHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ev.Sandbox = cl.ID
+	if cl.Refused != "" {
+		refuse(http.StatusForbidden, cl.Refused)
+		return
+	}
 	if why := p.caps.admit(cl.ID, cl.Limits, p.now(), countIt); why != "" {
 		refuse(http.StatusForbidden, why)
 		return

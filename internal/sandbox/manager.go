@@ -83,6 +83,13 @@ type Config struct {
 	// Gateway gives sandboxes their network (a *gateway.Gateway); nil
 	// means networking is unavailable and only "none" is accepted.
 	Gateway networkGateway
+	// RemoteProxyEnv, when set (and Gateway nil), says that an egress
+	// proxy elsewhere serves the sandboxes' networks (the kube driver's
+	// `corral egress-proxy` Deployment, which reads each sandbox's policy
+	// and secrets from the shared store on every request): networks other
+	// than "none" are accepted, and such a sandbox gets these proxy
+	// variables and its secrets' placeholders in its environment.
+	RemoteProxyEnv map[string]string
 	// EgressLimits are the per-sandbox egress caps (zero fields: defaults).
 	EgressLimits egress.Limits
 	// PrivatePorts makes the ports of a sandbox created without
@@ -335,7 +342,7 @@ func (m *Manager) validate(ctx context.Context, req *CreateRequest) (*store.Sand
 	if err != nil {
 		return nil, rc, nil, err
 	}
-	if pol.Mode != egress.ModeNone && m.cfg.Gateway == nil {
+	if pol.Mode != egress.ModeNone && m.cfg.Gateway == nil && m.cfg.RemoteProxyEnv == nil {
 		return nil, rc, nil, ErrNetworkUnavailable
 	}
 	if findings := egress.ScanEnv(req.Env); len(findings) > 0 {

@@ -55,24 +55,7 @@ func parsePolicy(mode string, allow []string) (egress.Policy, error) {
 // being given (and the egress proxy injecting into it) another team's
 // credential, and against probing which names another team registered.
 func (m *Manager) resolveSecrets(ctx context.Context, team string, names []string) ([]egress.Secret, error) {
-	if len(names) > MaxSecretsPerSandbox {
-		return nil, invalid("at most %d secrets per sandbox", MaxSecretsPerSandbox)
-	}
-	var out []egress.Secret
-	for _, n := range names {
-		if err := egress.ValidSecretName(n); err != nil {
-			return nil, invalid("secret %q: %v", n, err)
-		}
-		s, err := m.store.GetSecret(ctx, team, n)
-		if errors.Is(err, store.ErrNotFound) {
-			return nil, invalid("secret %q is not registered (corral secret set)", n)
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, egress.Secret{Name: s.Name, Hosts: s.Hosts, Header: s.Header, Value: s.Value, AllowHTTP: s.AllowHTTP})
-	}
-	return out, nil
+	return lookupSecrets(ctx, m.store, team, names)
 }
 
 // prepareNetwork gives a sandbox about to start its resolv.conf and, when
@@ -87,8 +70,19 @@ func (m *Manager) resolveSecrets(ctx context.Context, team string, names []strin
 func (m *Manager) prepareNetwork(rec *store.Sandbox, rc *runtime.Config, pol egress.Policy, secrets []egress.Secret) error {
 	gw := m.cfg.Gateway
 	if gw == nil {
-		if pol.Mode != egress.ModeNone {
+		if pol.Mode == egress.ModeNone {
+			return nil
+		}
+		if m.cfg.RemoteProxyEnv == nil {
 			return ErrNetworkUnavailable
+		}
+		for k, v := range m.cfg.RemoteProxyEnv {
+			if _, set := rc.Env[k]; !set {
+				rc.Env[k] = v
+			}
+		}
+		for _, s := range secrets {
+			rc.Env[s.Placeholder()] = s.Placeholder()
 		}
 		return nil
 	}
@@ -184,7 +178,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req NetworkRequest)
 	m.netMu.Lock()
 	defer m.netMu.Unlock()
 	gw := m.cfg.Gateway
-	if gw == nil && pol.Mode != egress.ModeNone {
+	if gw == nil && pol.Mode != egress.ModeNone && m.cfg.RemoteProxyEnv == nil {
 		return nil, ErrNetworkUnavailable
 	}
 	secrets, err := m.resolveSecrets(ctx, rec.Team, rec.Egress.Secrets)

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -10,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/corralhq/corral/internal/egressd"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/runtime/kube"
 	"github.com/corralhq/corral/internal/sandbox"
@@ -98,7 +101,12 @@ func (k KubeConfig) validate() error {
 		return err
 	}
 	if k.Egress && k.DNS == "" {
-		return fmt.Errorf("--kube-egress needs --kube-dns (the DNS filter's Service IP)")
+		return fmt.Errorf("--kube-egress needs --kube-dns (the egress Service's IP: the DNS filter, and the proxy on port 3128)")
+	}
+	if k.DNS != "" {
+		if _, err := netip.ParseAddr(k.DNS); err != nil {
+			return fmt.Errorf("--kube-dns %q: an IP address (the egress Service's ClusterIP), not a name", k.DNS)
+		}
 	}
 	return nil
 }
@@ -121,6 +129,17 @@ func (k KubeConfig) pools() ([]kube.Pool, error) {
 			Resources: runtime.Resources{CPU: res.CPU, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20, Pids: res.Pids, Nofile: res.Nofile}})
 	}
 	return out, nil
+}
+
+// proxyEnv is the environment of a kube sandbox with a network: the
+// egress Service (the DNS filter's address, --kube-dns, serves the proxy
+// on 3128 too) as its HTTP(S) proxy. An address, not a name: the
+// sandbox's only resolver is the DNS filter, which resolves nothing a
+// policy does not allow.
+func (k KubeConfig) proxyEnv() map[string]string {
+	u := "http://" + net.JoinHostPort(k.DNS, strconv.Itoa(egressd.ProxyPort))
+	none := "localhost,127.0.0.1,::1"
+	return map[string]string{"HTTP_PROXY": u, "HTTPS_PROXY": u, "http_proxy": u, "https_proxy": u, "NO_PROXY": none, "no_proxy": none}
 }
 
 // openKube connects to the cluster and starts the kube driver; node
@@ -160,7 +179,7 @@ func openKube(ctx context.Context, k KubeConfig, node string) (*kube.Driver, err
 	if k.Egress {
 		opts.Egress = &kube.Egress{Namespace: k.ControlPlaneNamespace,
 			Selector:  map[string]string{"app.kubernetes.io/name": "corral-egress"},
-			ProxyPort: 3128, DNSPort: 53, DNS: k.DNS}
+			ProxyPort: egressd.ProxyPort, DNSPort: egressd.DNSPort, DNS: k.DNS}
 	}
 	return kube.New(ctx, opts)
 }

@@ -23,6 +23,8 @@ func TestKubeConfigValidate(t *testing.T) {
 		{"huge pool", KubeConfig{Image: "img", Pools: "base=10001"}, "--kube-pools"},
 		{"bad class", KubeConfig{Image: "img", RuntimeClasses: "=x"}, "--kube-runtime-classes"},
 		{"egress without dns", KubeConfig{Image: "img", Egress: true}, "--kube-dns"},
+		{"egress", KubeConfig{Image: "img", Egress: true, DNS: "10.96.0.53"}, ""},
+		{"dns by name", KubeConfig{Image: "img", Egress: true, DNS: "corral-egress.corral.svc"}, "--kube-dns"},
 	} {
 		err := tc.cfg.validate()
 		if tc.want == "" && err != nil {
@@ -35,5 +37,17 @@ func TestKubeConfigValidate(t *testing.T) {
 	cfg := Config{Driver: "kubernetes"}
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `driver "kubernetes"`) {
 		t.Errorf("--driver kubernetes: %v", err)
+	}
+}
+
+// TestKubeProxyEnv: a kube sandbox with a network names the egress
+// Service by address (its only resolver, the DNS filter, would refuse the
+// Service's name) on the proxy port.
+func TestKubeProxyEnv(t *testing.T) {
+	env := KubeConfig{Egress: true, DNS: "10.96.0.53"}.proxyEnv()
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
+		if env[k] != "http://10.96.0.53:3128" {
+			t.Errorf("%s = %q", k, env[k])
+		}
 	}
 }

@@ -102,7 +102,8 @@ type Config struct {
 	// Driver is the runtime driver: DriverOCI (runc/runsc on this host,
 	// the default) or DriverKube (Pods on a Kubernetes cluster, Kube).
 	// Under kube the host's network gateway is off: the sandboxes'
-	// traffic is the cluster's NetworkPolicy's (docs/kubernetes.md).
+	// traffic is the cluster's NetworkPolicy's, and with Kube.Egress the
+	// cluster egress proxy's (docs/kubernetes.md).
 	Driver string
 	// Kube configures the kube driver.
 	Kube KubeConfig
@@ -615,6 +616,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if gw != nil { // a nil *Gateway in the interface would not be nil
 		mcfg.Gateway = gw
+	}
+	if cfg.Driver == DriverKube && cfg.Kube.Egress {
+		mcfg.RemoteProxyEnv = cfg.Kube.proxyEnv()
 	}
 	mgr = sandbox.New(mcfg, st, drv, reg, cfg.Log)
 	wcfg := cfg.Watchdog
