@@ -153,6 +153,7 @@ func serveFlags(o *serveOptions) *pflag.FlagSet {
 	f.StringVar(&cfg.Kube.Pools, "kube-pools", "", "warm pools of ready Pods: TEMPLATE=N,... (serve creates with the default tier, runtime and user)")
 	f.BoolVar(&cfg.Kube.Egress, "kube-egress", false, "let sandbox Pods reach the egress proxy Pods (app.kubernetes.io/name=corral-egress in --kube-control-plane-namespace, ports 3128 and 53); needs a CNI that enforces NetworkPolicy")
 	f.StringVar(&cfg.Kube.DNS, "kube-dns", "", "the DNS filter's Service IP, the only name server of sandbox Pods (with --kube-egress)")
+	f.StringVar(&cfg.Kube.EgressCA, "kube-egress-ca", "", "PEM file of the egress proxy's CA certificate (ca.pem, never the key): sandboxes with secrets get it installed by their agent (with --kube-egress)")
 	f.StringVar(&cfg.Kube.ControlPlaneNamespace, "kube-control-plane-namespace", server.DefaultKubeCPNamespace, "namespace of the control plane and the egress proxy (the NetworkPolicy admits them)")
 	f.BoolVar(&cfg.Kube.NetworkPolicyEnforced, "kube-networkpolicy-enforced", false, "assert that the cluster's CNI enforces NetworkPolicy when the detection (docs/kubernetes.md) does not find it")
 	f.Float64Var(&cfg.Kube.QPS, "kube-qps", server.DefaultKubeQPS, "API requests per second the kube driver may send (client-go rate limit)")

@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"sort"
@@ -67,6 +68,16 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	if req.TrustCA != "" {
+		skipped, err := installCA(s.cfg.CARoot, []byte(req.TrustCA))
+		if err != nil {
+			writeJSONError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		if skipped {
+			slog.Warn("agent: read-only root file system: the egress CA is not installed (the template must trust it)")
+		}
+	}
 	keys := make([]string, 0, len(req.EnvVars))
 	for k := range req.EnvVars {
 		keys = append(keys, k)
@@ -90,6 +101,11 @@ func checkInit(req agentproto.InitRequest, bootstrap string) error {
 	}
 	if len(req.EnvVars) > maxInitEnv {
 		return fmt.Errorf("at most %d envVars", maxInitEnv)
+	}
+	if req.TrustCA != "" {
+		if err := checkTrustCA(req.TrustCA); err != nil {
+			return err
+		}
 	}
 	for k := range req.EnvVars {
 		if k == "" || strings.ContainsAny(k, "=\x00") {

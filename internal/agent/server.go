@@ -57,6 +57,10 @@ type Config struct {
 	// environment (init.go). Main takes it from the environment variable
 	// CORRAL_AGENT_BOOTSTRAP_TOKEN and removes the variable.
 	BootstrapToken string
+	// CARoot is the directory agentproto.CAFile and CABundle are under
+	// when POST /init installs the egress CA ("": /, the sandbox's root;
+	// tests point it at a directory standing in for it).
+	CARoot string
 }
 
 // Server is an agent instance: the process table, watchers and handlers.

@@ -28,6 +28,7 @@ import (
 	"github.com/corralhq/corral/internal/inroot"
 	"github.com/corralhq/corral/internal/netns"
 	"github.com/corralhq/corral/internal/runtime"
+	"github.com/corralhq/corral/proto/agentproto"
 )
 
 // ExplicitProxyPort is the port of the explicit (HTTP_PROXY) proxy on a
@@ -428,9 +429,9 @@ func (l *connListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4zero} }
 // Paths inside a sandbox that trusts the egress CA.
 const (
 	// SandboxCABundle is the system CA bundle of Debian-based templates.
-	SandboxCABundle = "/etc/ssl/certs/ca-certificates.crt"
+	SandboxCABundle = agentproto.CABundle
 	// SandboxCAFile holds the egress CA alone.
-	SandboxCAFile = "/usr/local/share/ca-certificates/corral-egress.crt"
+	SandboxCAFile = agentproto.CAFile
 )
 
 // MaxCABundleBytes bounds the template CA bundle corral reads to append
@@ -473,11 +474,17 @@ func (g *Gateway) TrustFiles(rootfs string) ([]runtime.FileBind, map[string]stri
 		{Source: bundleFile, Destination: SandboxCABundle},
 		{Source: caFile, Destination: SandboxCAFile},
 	}
-	env := map[string]string{
+	return files, TrustEnv(), nil
+}
+
+// TrustEnv is the environment that points tools keeping their own trust
+// store (Python requests, curl, Node.js) at SandboxCABundle and
+// SandboxCAFile.
+func TrustEnv() map[string]string {
+	return map[string]string{
 		"SSL_CERT_FILE":       SandboxCABundle,
 		"REQUESTS_CA_BUNDLE":  SandboxCABundle,
 		"CURL_CA_BUNDLE":      SandboxCABundle,
 		"NODE_EXTRA_CA_CERTS": SandboxCAFile,
 	}
-	return files, env, nil
 }

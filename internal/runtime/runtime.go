@@ -82,6 +82,17 @@ type Config struct {
 	// loopback only. A runc sandbox gets its veth pair after it starts,
 	// in the namespace runc made, and must leave this "".
 	NetNS string
+	// Egress says the sandbox may reach the egress proxy (its network
+	// mode is not none and the proxy is remote, as under --driver kube):
+	// a driver whose network isolation is not the host gateway's admits
+	// the sandbox to the proxy at the network level only then (the kube
+	// driver's Pod label the NetworkPolicy selects).
+	Egress bool
+	// TrustCA is the egress CA's certificate (PEM, the public part only)
+	// for a sandbox that uses secrets, for drivers that cannot bind-mount
+	// Files into the sandbox: the kube driver hands it to the agent,
+	// which installs it where Files would have put it.
+	TrustCA []byte
 }
 
 // FileBind mounts the host file Source read-only at Destination.
@@ -185,6 +196,16 @@ type Driver interface {
 // ErrUnsupported is returned (wrapped) by a driver for an operation its
 // platform does not offer (Pause, NetNS or Snapshot of a Kubernetes Pod).
 var ErrUnsupported = errors.New("not supported by this runtime driver")
+
+// EgressSwitch is implemented by drivers that admit a sandbox to the
+// egress proxy at the network level themselves (the kube driver: a Pod
+// label its NetworkPolicy selects). SetEgress admits (on) or shuts out
+// sandbox id when its network changes at run time; it defends against a
+// sandbox whose network became none still reaching the proxy through
+// the CNI.
+type EgressSwitch interface {
+	SetEgress(ctx context.Context, id string, on bool) error
+}
 
 // LossReporter is implemented by drivers whose sandboxes can end without
 // the control plane (a Kubernetes Pod evicted, its node lost). LostReason

@@ -90,6 +90,11 @@ type Config struct {
 	// than "none" are accepted, and such a sandbox gets these proxy
 	// variables and its secrets' placeholders in its environment.
 	RemoteProxyEnv map[string]string
+	// RemoteCA is the remote egress proxy's CA certificate (PEM, never
+	// its key): a sandbox that uses secrets gets it (runtime.Config's
+	// TrustCA) and the trust variables of gateway.TrustEnv, as a local
+	// sandbox gets the CA bind-mounted.
+	RemoteCA []byte
 	// EgressLimits are the per-sandbox egress caps (zero fields: defaults).
 	EgressLimits egress.Limits
 	// PrivatePorts makes the ports of a sandbox created without

@@ -76,8 +76,15 @@ func (m *Manager) prepareNetwork(rec *store.Sandbox, rc *runtime.Config, pol egr
 		if m.cfg.RemoteProxyEnv == nil {
 			return ErrNetworkUnavailable
 		}
+		rc.Egress = true
 		for k, v := range m.cfg.RemoteProxyEnv {
 			if _, set := rc.Env[k]; !set {
+				rc.Env[k] = v
+			}
+		}
+		if len(secrets) > 0 && len(m.cfg.RemoteCA) > 0 {
+			rc.TrustCA = m.cfg.RemoteCA
+			for k, v := range gateway.TrustEnv() {
 				rc.Env[k] = v
 			}
 		}
@@ -184,6 +191,15 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, req NetworkRequest)
 	secrets, err := m.resolveSecrets(ctx, rec.Team, rec.Egress.Secrets)
 	if err != nil {
 		return nil, err
+	}
+	// With a remote proxy the driver admits the sandbox to it at the
+	// network level (the kube driver's Pod label): shut out before the
+	// record says none, admitted before it says otherwise, so that a
+	// failure here changes nothing the proxy reads.
+	if es, ok := m.driver.(runtime.EgressSwitch); ok && gw == nil && m.cfg.RemoteProxyEnv != nil && !stopped {
+		if err := es.SetEgress(ctx, id, pol.Mode != egress.ModeNone); err != nil {
+			return nil, m.goneOr(ls, fmt.Errorf("network of %s: %w", id, err))
+		}
 	}
 	// A persisted sandbox has no processes and no network: the new
 	// policy is recorded and applied when it is resumed.

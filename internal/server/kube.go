@@ -1,10 +1,14 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 
@@ -51,6 +55,10 @@ type KubeConfig struct {
 	// namespace) on ports 3128 and 53, with DNS as their name server.
 	Egress bool
 	DNS    string
+	// EgressCA is a PEM file of the egress proxy's CA certificate (ca.pem
+	// of the corral-egress-ca Secret, never the key): kube sandboxes that
+	// use secrets get it installed by their agent (with --kube-egress).
+	EgressCA string
 	// ControlPlaneNamespace is where the control plane (and the egress
 	// proxy) run.
 	ControlPlaneNamespace string
@@ -103,12 +111,50 @@ func (k KubeConfig) validate() error {
 	if k.Egress && k.DNS == "" {
 		return fmt.Errorf("--kube-egress needs --kube-dns (the egress Service's IP: the DNS filter, and the proxy on port 3128)")
 	}
+	if k.EgressCA != "" && !k.Egress {
+		return fmt.Errorf("--kube-egress-ca needs --kube-egress")
+	}
+	if _, err := k.egressCA(); err != nil {
+		return err
+	}
 	if k.DNS != "" {
 		if _, err := netip.ParseAddr(k.DNS); err != nil {
 			return fmt.Errorf("--kube-dns %q: an IP address (the egress Service's ClusterIP), not a name", k.DNS)
 		}
 	}
 	return nil
+}
+
+// egressCA reads --kube-egress-ca: PEM CERTIFICATE blocks only. A file
+// with anything else (the CA's private key above all, which would let
+// every sandbox forge the proxy's certificates) is refused.
+func (k KubeConfig) egressCA() ([]byte, error) {
+	if k.EgressCA == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(k.EgressCA)
+	if err != nil {
+		return nil, fmt.Errorf("--kube-egress-ca: %w", err)
+	}
+	rest, n := b, 0
+	for {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("--kube-egress-ca %s: holds a PEM %q block; give the CA certificate alone (ca.pem), never its key", k.EgressCA, blk.Type)
+		}
+		if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+			return nil, fmt.Errorf("--kube-egress-ca %s: %w", k.EgressCA, err)
+		}
+		n++
+	}
+	if n == 0 || len(bytes.TrimSpace(rest)) != 0 {
+		return nil, fmt.Errorf("--kube-egress-ca %s: not PEM CERTIFICATE blocks", k.EgressCA)
+	}
+	return b, nil
 }
 
 // pools are the warm pools of --kube-pools, for creates with the default

@@ -619,6 +619,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.Driver == DriverKube && cfg.Kube.Egress {
 		mcfg.RemoteProxyEnv = cfg.Kube.proxyEnv()
+		if mcfg.RemoteCA, err = cfg.Kube.egressCA(); err != nil {
+			return nil, err
+		}
 	}
 	mgr = sandbox.New(mcfg, st, drv, reg, cfg.Log)
 	wcfg := cfg.Watchdog

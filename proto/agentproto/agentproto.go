@@ -68,4 +68,15 @@ type InitRequest struct {
 	AccessToken string `json:"accessToken"`
 	// EnvVars is the sandbox-global environment of every process.
 	EnvVars map[string]string `json:"envVars,omitempty"`
+	// TrustCA is the egress CA's certificate (PEM, never its key) for a
+	// sandbox that uses secrets: the agent installs it where a local
+	// sandbox gets it bind-mounted (CAFile alone, appended to CABundle).
+	TrustCA string `json:"trustCA,omitempty"`
 }
+
+// Where an agent installs InitRequest.TrustCA (gateway.SandboxCAFile and
+// gateway.SandboxCABundle, the paths a local sandbox trusts).
+const (
+	CABundle = "/etc/ssl/certs/ca-certificates.crt"
+	CAFile   = "/usr/local/share/ca-certificates/corral-egress.crt"
+)

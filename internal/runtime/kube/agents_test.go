@@ -46,6 +46,7 @@ type agents struct {
 
 type standIn struct {
 	addr    string
+	root    string // an in-process agent's CARoot: the sandbox's / for the egress CA
 	pod     string
 	sandbox string
 	stop    func()
@@ -137,7 +138,11 @@ func (a *agents) start(p *corev1.Pod) (*standIn, error) {
 	boot := bootstrapOf(p)
 	s := &standIn{pod: p.Name, sandbox: p.Labels[LabelSandbox], done: make(chan struct{})}
 	if a.bin == "" {
-		srv, err := agent.New(agent.Config{BootstrapToken: boot, Env: []string{}, DefaultUser: "user"})
+		s.root = filepath.Join(a.dir, "root", string(p.UID))
+		if err := os.MkdirAll(s.root, 0o755); err != nil {
+			return nil, err
+		}
+		srv, err := agent.New(agent.Config{BootstrapToken: boot, Env: []string{}, DefaultUser: "user", CARoot: s.root})
 		if err != nil {
 			return nil, err
 		}
@@ -178,6 +183,17 @@ func (a *agents) start(p *corev1.Pod) (*standIn, error) {
 	// every process of the "Pod" dies with it.
 	s.stop = func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	return s, nil
+}
+
+// root is the directory standing in for the root file system of Pod
+// uid's in-process agent ("" if it has none).
+func (a *agents) root(uid types.UID) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s := a.byUID[uid]; s != nil {
+		return s.root
+	}
+	return ""
 }
 
 // kill stops the stand-in of Pod uid and waits for it to end.

@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -54,6 +55,7 @@ const indexSandbox = "sandbox"
 var _ runtime.Driver = (*Driver)(nil)
 var _ runtime.LossReporter = (*Driver)(nil)
 var _ runtime.Shared = (*Driver)(nil)
+var _ runtime.EgressSwitch = (*Driver)(nil)
 
 // SharedRuntime: every control plane on the cluster sees every sandbox
 // Pod of the namespace, and may delete one.
@@ -206,6 +208,9 @@ func (d *Driver) create(ctx context.Context, cfg runtime.Config, spec podSpec) (
 	p.Labels[LabelSandbox] = cfg.ID
 	p.Labels[LabelTeam] = labelValue(cfg.Team)
 	p.Labels[LabelState] = stateClaimed
+	if cfg.Egress {
+		p.Labels[LabelEgress] = egressOn
+	}
 	p.Annotations[AnnotationClaimedBy] = d.replica()
 	p.Annotations[AnnotationTemplate] = cfg.Template
 	created, err := d.opts.Client.CoreV1().Pods(d.opts.Namespace).Create(ctx, p, metav1.CreateOptions{})
@@ -239,7 +244,7 @@ func (d *Driver) create(ctx context.Context, cfg runtime.Config, spec podSpec) (
 // initAgent pushes the sandbox's access token and environment to the
 // agent of pod, authenticated with its bootstrap token (POST /init).
 func (d *Driver) initAgent(ctx context.Context, cfg runtime.Config, pod *corev1.Pod) error {
-	body, err := json.Marshal(agentproto.InitRequest{AccessToken: cfg.AccessToken, EnvVars: cfg.Env})
+	body, err := json.Marshal(agentproto.InitRequest{AccessToken: cfg.AccessToken, EnvVars: cfg.Env, TrustCA: string(cfg.TrustCA)})
 	if err != nil {
 		return err
 	}
@@ -287,6 +292,34 @@ func (d *Driver) dialPod(ctx context.Context, _, _ string) (net.Conn, error) {
 	}
 	var nd net.Dialer
 	return nd.DialContext(ctx, "tcp", d.opts.AgentAddr(p))
+}
+
+// SetEgress admits sandbox id's Pod to the egress proxy (on: the label
+// LabelEgress, which the NetworkPolicy PolicyEgressName selects) or shuts
+// it out (off: the label removed), when the sandbox's network changes at
+// run time. Shutting out defends against a sandbox whose network became
+// none still reaching the proxy and DNS filter through the CNI; it
+// returns once the API server has the change (the CNI applies it next).
+func (d *Driver) SetEgress(ctx context.Context, id string, on bool) error {
+	p := d.pod(id)
+	if p == nil {
+		return fmt.Errorf("kube: sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	var v any // null removes the label
+	if on {
+		v = egressOn
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{LabelEgress: v}}})
+	if err != nil {
+		return err
+	}
+	if _, err := d.opts.Client.CoreV1().Pods(d.opts.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("kube: sandbox %s: %w", id, runtime.ErrNotFound)
+		}
+		return fmt.Errorf("kube: set the egress label of Pod %s (sandbox %s): %w", p.Name, id, err)
+	}
+	return nil
 }
 
 // Stop deletes the sandbox's Pod with the grace period (the kubelet sends

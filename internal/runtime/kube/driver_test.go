@@ -215,6 +215,13 @@ func TestNetworkPolicy(t *testing.T) {
 		if np.Spec.PodSelector.MatchLabels[LabelName] != nameValue {
 			t.Fatalf("policy selects %v, want the sandbox Pods", np.Spec.PodSelector)
 		}
+		eg, err := c.client.NetworkingV1().NetworkPolicies(ns).Get(ctx, PolicyEgressName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(eg.Spec.Egress) != 0 {
+			t.Fatalf("egress policy without egress: %+v; want no rule", eg.Spec)
+		}
 		in := np.Spec.Ingress
 		if len(in) != 1 || len(in[0].Ports) != 1 || in[0].Ports[0].Port.IntVal != agentPort || in[0].From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] != "corral" {
 			t.Fatalf("ingress %+v: want only the control plane, to the agent port", in)
@@ -251,11 +258,28 @@ func TestNetworkPolicy(t *testing.T) {
 	})
 }
 
+// checkEgressPolicy: with egress the default policy still denies all
+// egress, and PolicyEgressName admits only Pods labelled
+// corral.dev/egress=true, only to the proxy (a sandbox with network none
+// reaches nothing at the network level).
 func checkEgressPolicy(t *testing.T, c *cluster, ns string) {
 	t.Helper()
-	np, err := c.client.NetworkingV1().NetworkPolicies(ns).Get(context.Background(), PolicyName, metav1.GetOptions{})
+	def, err := c.client.NetworkingV1().NetworkPolicies(ns).Get(context.Background(), PolicyName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(def.Spec.Egress) != 0 || !slices.Contains(def.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) {
+		t.Fatalf("default policy with egress on: %+v; want every sandbox Pod's egress denied", def.Spec)
+	}
+	np, err := c.client.NetworkingV1().NetworkPolicies(ns).Get(context.Background(), PolicyEgressName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel := np.Spec.PodSelector.MatchLabels; sel[LabelEgress] != "true" || sel[LabelName] != nameValue || len(np.Spec.PodSelector.MatchExpressions) != 0 {
+		t.Fatalf("egress policy selects %+v; want only sandbox Pods labelled %s=true", np.Spec.PodSelector, LabelEgress)
+	}
+	if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}) {
+		t.Fatalf("egress policy types %v, want Egress only", np.Spec.PolicyTypes)
 	}
 	if len(np.Spec.Egress) != 1 {
 		t.Fatalf("egress rules %+v: want exactly one (the proxy)", np.Spec.Egress)

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/template/registry"
@@ -35,11 +36,20 @@ func newControlPlane(t *testing.T) *controlPlane {
 }
 
 // open starts a Manager over d and reconciles, as a server start does.
-func (cp *controlPlane) open(t *testing.T, d *Driver) *sandbox.Manager {
+func (cp *controlPlane) open(t *testing.T, d runtime.Driver) *sandbox.Manager {
+	t.Helper()
+	return cp.openWith(t, d, nil)
+}
+
+// openWith is open with the Manager's Config adjusted by mod.
+func (cp *controlPlane) openWith(t *testing.T, d runtime.Driver, mod func(*sandbox.Config)) *sandbox.Manager {
 	t.Helper()
 	cfg := sandbox.Config{WatchInterval: 100 * time.Millisecond, KillGrace: time.Second,
 		MemoryPressure: func() bool { return false },
 		Admission:      govern.NewAdmission(govern.AdmissionConfig{MaxConcurrent: 50, MaxPerAgent: 50, AgentRate: 1000, AgentBurst: 1000})}
+	if mod != nil {
+		mod(&cfg)
+	}
 	m := sandbox.New(cfg, cp.st, d, cp.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := m.Reconcile(context.Background()); err != nil {
 		t.Fatalf("reconcile: %v", err)

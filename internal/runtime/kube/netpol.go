@@ -14,8 +14,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// PolicyName is the NetworkPolicy the driver applies to its namespace.
-const PolicyName = "corral-sandboxes"
+// The NetworkPolicies the driver applies to its namespace: PolicyName
+// denies every sandbox Pod all egress, PolicyEgressName admits the Pods
+// labelled LabelEgress=true to the egress proxy.
+const (
+	PolicyName       = "corral-sandboxes"
+	PolicyEgressName = "corral-sandboxes-egress"
+)
 
 // policyCNIs are the DaemonSets (in kube-system) of CNI plugins that
 // enforce NetworkPolicy, by name: Calico, Cilium (and GKE Dataplane V2's
@@ -56,15 +61,16 @@ func DetectPolicyCNI(ctx context.Context, c kubernetes.Interface) error {
 }
 
 // networkPolicy is the default-deny policy of every sandbox Pod of the
-// namespace: ingress only from the control plane to the agent port,
-// egress only to the egress proxy and its DNS filter (none without
-// egress). It defends against a sandbox talking to anything but corral's
-// proxy (another sandbox, the API server, the node, the metadata
-// service), where the proxy's allowlists and audit cannot see it.
+// namespace: ingress only from the control plane to the agent port, no
+// egress at all. It defends against a sandbox talking to anything but
+// corral's proxy (another sandbox, the API server, the node, the metadata
+// service), where the proxy's allowlists and audit cannot see it, and,
+// with egressPolicy, against a sandbox with network none (or an idle
+// pool Pod) reaching the proxy at all.
 func networkPolicy(o Options) *networkingv1.NetworkPolicy {
-	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	tcp := corev1.ProtocolTCP
 	agent := intstr.FromInt32(agentPort)
-	np := &networkingv1.NetworkPolicy{
+	return &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: PolicyName, Namespace: o.Namespace,
 			Labels: map[string]string{LabelManagedBy: managedByValue}},
 		Spec: networkingv1.NetworkPolicySpec{
@@ -78,6 +84,24 @@ func networkPolicy(o Options) *networkingv1.NetworkPolicy {
 				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &agent}},
 			}},
 			Egress: []networkingv1.NetworkPolicyEgressRule{},
+		},
+	}
+}
+
+// egressPolicy admits the sandbox Pods labelled LabelEgress=true (those
+// whose network is not none, runtime.Config.Egress) to the egress
+// proxy's Pods and its DNS filter, and nothing else; without egress it
+// admits nothing. NetworkPolicies are additive: a Pod without the label
+// keeps networkPolicy's deny-all egress.
+func egressPolicy(o Options) *networkingv1.NetworkPolicy {
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: PolicyEgressName, Namespace: o.Namespace,
+			Labels: map[string]string{LabelManagedBy: managedByValue}},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelName: nameValue, LabelManagedBy: managedByValue, LabelEgress: egressOn}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress:      []networkingv1.NetworkPolicyEgressRule{},
 		},
 	}
 	if e := o.Egress; e != nil {
@@ -103,24 +127,32 @@ func nsSelector(ns string) *metav1.LabelSelector {
 	return &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}
 }
 
-// ensureNetworkPolicy creates the namespace's policy or brings it to what
-// o says.
+// ensureNetworkPolicy creates the namespace's policies (the default deny,
+// then the egress admission) or brings them to what o says.
 func ensureNetworkPolicy(ctx context.Context, o Options) error {
-	want := networkPolicy(o)
+	for _, want := range []*networkingv1.NetworkPolicy{networkPolicy(o), egressPolicy(o)} {
+		if err := ensurePolicy(ctx, o, want); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func ensurePolicy(ctx context.Context, o Options, want *networkingv1.NetworkPolicy) error {
 	api := o.Client.NetworkingV1().NetworkPolicies(o.Namespace)
-	cur, err := api.Get(ctx, PolicyName, metav1.GetOptions{})
+	cur, err := api.Get(ctx, want.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		if _, err := api.Create(ctx, want, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("kube: create NetworkPolicy %s/%s: %w", o.Namespace, PolicyName, err)
+			return fmt.Errorf("kube: create NetworkPolicy %s/%s: %w", o.Namespace, want.Name, err)
 		}
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("kube: read NetworkPolicy %s/%s: %w", o.Namespace, PolicyName, err)
+		return fmt.Errorf("kube: read NetworkPolicy %s/%s: %w", o.Namespace, want.Name, err)
 	}
 	cur.Spec = want.Spec
 	if _, err := api.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("kube: update NetworkPolicy %s/%s: %w", o.Namespace, PolicyName, err)
+		return fmt.Errorf("kube: update NetworkPolicy %s/%s: %w", o.Namespace, want.Name, err)
 	}
 	return nil
 }

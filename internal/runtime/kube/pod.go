@@ -32,6 +32,11 @@ const (
 	// LabelState is "idle" for a ready pool Pod nobody holds and
 	// "claimed" for a sandbox's Pod.
 	LabelState = "corral.dev/state"
+	// LabelEgress is "true" on the Pod of a sandbox that may reach the
+	// egress proxy (runtime.Config.Egress): the NetworkPolicy
+	// PolicyEgressName admits only such Pods to the proxy and DNS filter.
+	LabelEgress = "corral.dev/egress"
+	egressOn    = "true"
 
 	AnnotationTemplate  = "corral.dev/template-ref"
 	AnnotationClaimedBy = "corral.dev/claimed-by"

@@ -58,10 +58,17 @@ func (d *Driver) claim(ctx context.Context, cfg runtime.Config, spec podSpec) (*
 	rand.Shuffle(len(idle), func(i, j int) { idle[i], idle[j] = idle[j], idle[i] })
 	pods := d.opts.Client.CoreV1().Pods(d.opts.Namespace)
 	for _, p := range idle {
+		// A pool Pod is made without LabelEgress (it belongs to nobody):
+		// the claim adds it for a sandbox with egress, and removes any
+		// for one without (null in a merge patch).
+		var eg any
+		if cfg.Egress {
+			eg = egressOn
+		}
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 			"resourceVersion": p.ResourceVersion,
-			"labels": map[string]string{
-				LabelSandbox: cfg.ID, LabelTeam: labelValue(cfg.Team), LabelState: stateClaimed,
+			"labels": map[string]any{
+				LabelSandbox: cfg.ID, LabelTeam: labelValue(cfg.Team), LabelState: stateClaimed, LabelEgress: eg,
 			},
 			"annotations": map[string]string{AnnotationClaimedBy: d.replica(), AnnotationTemplate: cfg.Template},
 		}})
