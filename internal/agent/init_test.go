@@ -3,6 +3,9 @@ package agent
 import (
 	"context"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -34,12 +37,15 @@ func (e *testEnv) listWith(tok string) error {
 // accepted once (a second caller cannot take over the sandbox and swap
 // its token), and after it the bootstrap token opens nothing.
 func TestInitBootstrap(t *testing.T) {
-	e := newTestEnv(t, func(c *Config) { c.BootstrapToken = testBootstrap })
+	caRoot := t.TempDir()
+	e := newTestEnv(t, func(c *Config) { c.BootstrapToken = testBootstrap; c.CARoot = caRoot })
 	init := func(tok, body string) int {
 		resp, _ := e.do(t, http.MethodPost, agentproto.InitPath, tokenHeader(tok), strings.NewReader(body))
 		return resp.StatusCode
 	}
-	good := `{"accessToken":"` + testSandboxTk + `","envVars":{"FOO":"bar"}}`
+	const cert = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+	const key = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+	good := `{"accessToken":"` + testSandboxTk + `","envVars":{"FOO":"bar"},"trustCA":` + strconv.Quote(cert) + `}`
 
 	// Waiting: the bootstrap token runs no command and reads no file.
 	if err := e.listWith(testBootstrap); connect.CodeOf(err) != connect.CodeUnauthenticated {
@@ -62,6 +68,9 @@ func TestInitBootstrap(t *testing.T) {
 		{"access token = bootstrap", testBootstrap, `{"accessToken":"` + testBootstrap + `"}`, http.StatusBadRequest},
 		{"bad env name", testBootstrap, `{"accessToken":"` + testSandboxTk + `","envVars":{"A=B":"x"}}`, http.StatusBadRequest},
 		{"unknown field", testBootstrap, `{"accessToken":"` + testSandboxTk + `","x":1}`, http.StatusBadRequest},
+		// The egress CA's key must never land in the sandbox's files.
+		{"trustCA with a key", testBootstrap, `{"accessToken":"` + testSandboxTk + `","trustCA":` + strconv.Quote(cert+key) + `}`, http.StatusBadRequest},
+		{"trustCA not PEM", testBootstrap, `{"accessToken":"` + testSandboxTk + `","trustCA":"not a certificate"}`, http.StatusBadRequest},
 	} {
 		if got := init(tc.tok, tc.body); got != tc.want {
 			t.Errorf("%s: init answered %d, want %d", tc.name, got, tc.want)
@@ -69,9 +78,18 @@ func TestInitBootstrap(t *testing.T) {
 		if !e.srv.waiting() {
 			t.Fatalf("%s: a refused init ended the wait", tc.name)
 		}
+		if left, _ := os.ReadDir(caRoot); len(left) != 0 {
+			t.Fatalf("%s: a refused init wrote %v", tc.name, left)
+		}
 	}
 	if got := init(testBootstrap, good); got != http.StatusNoContent {
 		t.Fatalf("init: %d, want 204", got)
+	}
+	if b, err := os.ReadFile(filepath.Join(caRoot, agentproto.CAFile)); err != nil || string(b) != cert {
+		t.Fatalf("the trustCA at %s: %q, %v", agentproto.CAFile, b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(caRoot, agentproto.CABundle)); err != nil || !strings.Contains(string(b), cert) {
+		t.Fatalf("the trustCA in %s: %q, %v", agentproto.CABundle, b, err)
 	}
 	// Now the sandbox token opens the agent and the bootstrap token nothing.
 	if err := e.listWith(testSandboxTk); err != nil {

@@ -1,14 +1,34 @@
 package server
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/corralhq/corral/internal/egress"
 )
 
 // TestKubeConfigValidate: a bad --kube-* setting is refused at start with
 // a message naming the flag, before anything touches the cluster.
 func TestKubeConfigValidate(t *testing.T) {
 	ok := KubeConfig{Image: "img"}
+	dir := t.TempDir()
+	ca, err := egress.LoadOrCreateCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := os.ReadFile(filepath.Join(dir, "ca-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, caWithKey := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "both.pem")
+	if err := os.WriteFile(caCert, ca.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(caWithKey, append(ca.CertPEM(), key...), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		cfg  KubeConfig
@@ -25,6 +45,11 @@ func TestKubeConfigValidate(t *testing.T) {
 		{"egress without dns", KubeConfig{Image: "img", Egress: true}, "--kube-dns"},
 		{"egress", KubeConfig{Image: "img", Egress: true, DNS: "10.96.0.53"}, ""},
 		{"dns by name", KubeConfig{Image: "img", Egress: true, DNS: "corral-egress.corral.svc"}, "--kube-dns"},
+		{"egress CA", KubeConfig{Image: "img", Egress: true, DNS: "10.96.0.53", EgressCA: caCert}, ""},
+		{"egress CA without egress", KubeConfig{Image: "img", EgressCA: caCert}, "--kube-egress-ca needs --kube-egress"},
+		// The CA's key would let every sandbox forge the proxy's certificates.
+		{"egress CA with its key", KubeConfig{Image: "img", Egress: true, DNS: "10.96.0.53", EgressCA: caWithKey}, "never its key"},
+		{"egress CA missing", KubeConfig{Image: "img", Egress: true, DNS: "10.96.0.53", EgressCA: filepath.Join(dir, "nope.pem")}, "--kube-egress-ca"},
 	} {
 		err := tc.cfg.validate()
 		if tc.want == "" && err != nil {
