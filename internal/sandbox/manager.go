@@ -556,7 +556,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	release, err := m.admit(ctx, &req, rec)
 	if err != nil {
 		if pd != nil {
-			go m.pools.Discard(pd)
+			m.pools.DiscardLater(pd)
 		}
 		return nil, err
 	}
@@ -567,7 +567,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		m.mu.Unlock()
 		release()
 		if pd != nil {
-			go m.pools.Discard(pd)
+			m.pools.DiscardLater(pd)
 		}
 		return nil, ErrShuttingDown
 	}

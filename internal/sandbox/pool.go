@@ -29,12 +29,15 @@ type warmPools interface {
 	Take(team, template, version string) *pool.Idle
 	Release(id string)
 	Discard(pd *pool.Idle)
+	// DiscardLater discards in the background; Drain waits for it.
+	DiscardLater(pd *pool.Idle)
 	// Free is the room left under the global limit, pools included;
 	// MakeRoom evicts an idle sandbox when there is none.
 	Free() int
 	MakeRoom()
 	// Refill tops the pools up, or empties them under memory pressure;
-	// Drain stops every idle sandbox (shutdown).
+	// Drain stops every pooled sandbox, waiting for the refills and
+	// discards in flight (shutdown).
 	Refill()
 	Drain()
 	Load(ctx context.Context)
@@ -57,6 +60,9 @@ func (s poolStarter) StartIdle(team, template string, claim func(id string)) (*p
 	if err != nil {
 		return nil, err
 	}
+	if m.isClosing() { // the pools' Drain waits for this start: keep it short
+		return nil, ErrShuttingDown
+	}
 	if err := m.prepareNetwork(rec, &rc, noPolicy, nil); err != nil {
 		return nil, err
 	}
@@ -65,6 +71,13 @@ func (s poolStarter) StartIdle(team, template string, claim func(id string)) (*p
 		return nil, err
 	}
 	return &pool.Idle{ID: rec.ID, Token: rec.AccessToken, Version: rec.TemplateVersion, Started: time.Now()}, nil
+}
+
+// isClosing reports whether Shutdown has begun.
+func (m *Manager) isClosing() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.closing
 }
 
 func (s poolStarter) StopIdle(id string) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
 )
@@ -88,6 +89,57 @@ func TestShutdownWaitsForEndsInFlight(t *testing.T) {
 			}
 			h.d.OnStop(nil)
 			h.m = h.open()
+		})
+	}
+}
+
+// TestShutdownUndoesPoolRefillInFlight defends against a warm-pool
+// refill outliving the server half-made: a refill whose Start was in
+// flight when the server closed finished after Shutdown had drained the
+// pools, and nothing stopped it (with runc, its rootfs mounts and a
+// supervisor with a container stayed behind). Pooled sandboxes are never
+// adopted across a restart (docs/environments.md: a server stop stops
+// them), so Shutdown must return only once that refill has ended and its
+// sandbox is stopped, and start no other: with or without killAll, the
+// driver holds nothing afterwards and the pass started no second
+// sandbox.
+func TestShutdownUndoesPoolRefillInFlight(t *testing.T) {
+	for _, killAll := range []bool{false, true} {
+		t.Run(fmt.Sprintf("killAll=%v", killAll), func(t *testing.T) {
+			h := newHarness(t, testConfig(t))
+			entered, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			h.d.OnStart(func(runtime.Config) error {
+				once.Do(func() { close(entered) })
+				<-release
+				return nil
+			})
+			if _, err := h.m.SetPool(context.Background(), sandbox.PoolConfig{Template: "base", Min: 2}); err != nil {
+				t.Fatal(err)
+			}
+			<-entered // the first refill's Start is in flight
+			done := make(chan struct{})
+			go func() {
+				h.m.Shutdown(context.Background(), killAll)
+				close(done)
+			}()
+			// Let Shutdown reach the pools before the Start finishes: it
+			// returns at once without the fix, waits for the refill with it.
+			select {
+			case <-done:
+			case <-time.After(2 * time.Second):
+			}
+			close(release)
+			<-done
+			eventually(t, "the refill's Start to return", func() bool { return h.d.Starts() >= 1 })
+			if held := h.held(); len(held) != 0 {
+				t.Errorf("the driver still holds %v after Shutdown: a refill in flight outlived it", held)
+			}
+			if n := h.d.Starts(); n != 1 {
+				t.Errorf("%d pooled sandboxes started, want only the one in flight at Shutdown", n)
+			}
+			h.d.OnStart(nil)
+			h.m = h.open() // the harness's cleanup shuts this one down
 		})
 	}
 }
