@@ -210,6 +210,9 @@ type Manager struct {
 	live map[string]*liveSandbox
 	// closing is set by Shutdown: no create may start a sandbox after it.
 	closing bool
+	// starts counts the starts in flight (creates, pool refills), which
+	// Shutdown waits for; Add only under mu while !closing (beginStart).
+	starts sync.WaitGroup
 	// signers is a copy of the ids and access tokens of live, replaced
 	// (under mu) whenever live changes and read without a lock by
 	// FindByToken.
@@ -573,7 +576,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	}
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
 	m.addLive(ls)
+	m.starts.Add(1) // under mu, !closing: Shutdown waits for this create
 	m.mu.Unlock()
+	defer m.starts.Done()
 	if pd != nil {
 		m.pools.Release(pd.ID) // live now: the reaper sees it as such
 	}
@@ -1394,6 +1399,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	}
 	close(m.stop)
 	<-m.done
+	m.waitStarts(ctx)
 	m.pools.Drain()
 	m.waitEnds(ctx)
 	m.mu.Lock()
@@ -1403,6 +1409,37 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 		}
 	}
 	m.mu.Unlock()
+}
+
+// waitStarts waits (until ctx is done) for the starts in flight (creates,
+// pool refills): it defends against a create outliving the shutdown
+// half-made, its runtime Start finishing after the server closed its
+// store and driver. Each such start sees closing once its Start returns
+// and stops what it started (a create) or leaves it to the pools' Drain
+// (a refill).
+func (m *Manager) waitStarts(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		m.starts.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// beginStart counts a start in flight for Shutdown to wait for; false
+// (nothing counted) once Shutdown has begun. The caller calls done when
+// the start has finished or been undone.
+func (m *Manager) beginStart() (done func(), ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closing {
+		return nil, false
+	}
+	m.starts.Add(1)
+	return m.starts.Done, true
 }
 
 // waitEnds waits (until ctx is done) for the ends in flight (a kill, the

@@ -60,9 +60,11 @@ func (s poolStarter) StartIdle(team, template string, claim func(id string)) (*p
 	if err != nil {
 		return nil, err
 	}
-	if m.isClosing() { // the pools' Drain waits for this start: keep it short
+	done, ok := m.beginStart() // Shutdown waits for this start
+	if !ok {
 		return nil, ErrShuttingDown
 	}
+	defer done()
 	if err := m.prepareNetwork(rec, &rc, noPolicy, nil); err != nil {
 		return nil, err
 	}
@@ -71,13 +73,6 @@ func (s poolStarter) StartIdle(team, template string, claim func(id string)) (*p
 		return nil, err
 	}
 	return &pool.Idle{ID: rec.ID, Token: rec.AccessToken, Version: rec.TemplateVersion, Started: time.Now()}, nil
-}
-
-// isClosing reports whether Shutdown has begun.
-func (m *Manager) isClosing() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.closing
 }
 
 func (s poolStarter) StopIdle(id string) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,4 +143,61 @@ func TestShutdownUndoesPoolRefillInFlight(t *testing.T) {
 			h.m = h.open() // the harness's cleanup shuts this one down
 		})
 	}
+}
+
+// TestShutdownWaitsForCreatesInFlight defends against a create outliving
+// the shutdown half-made: a create whose runtime Start was in flight
+// when Shutdown ran (past the HTTP drain's deadline, or from a caller
+// that is no HTTP request) returned to a server about to close its store
+// and driver, and the create's own undo (it stops what it started once
+// it sees the server closing) ran, if at all, after that. Shutdown must
+// return only after that create has finished: its sandbox stopped, its
+// record ended, the driver holding nothing.
+func TestShutdownWaitsForCreatesInFlight(t *testing.T) {
+	h := newHarness(t, testConfig(t))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var released atomic.Bool
+	h.d.OnStart(func(runtime.Config) error {
+		once.Do(func() { close(entered) })
+		<-release
+		return nil
+	})
+	created := make(chan error, 1)
+	go func() {
+		_, err := h.m.Create(context.Background(), sandbox.CreateRequest{})
+		created <- err
+	}()
+	<-entered
+	done := make(chan struct{})
+	var early atomic.Bool // Shutdown returned with the Start still held
+	var heldAtReturn []string
+	go func() {
+		h.m.Shutdown(context.Background(), false)
+		early.Store(!released.Load())
+		heldAtReturn = h.held()
+		close(done)
+	}()
+	select { // let Shutdown reach its waits before the Start finishes
+	case <-done:
+	case <-time.After(2 * time.Second):
+	}
+	released.Store(true)
+	close(release)
+	<-done
+	if early.Load() {
+		t.Error("Shutdown returned while a create's runtime Start was still in flight")
+	}
+	if len(heldAtReturn) != 0 {
+		t.Errorf("when Shutdown returned the driver held %v", heldAtReturn)
+	}
+	err := <-created
+	if !errors.Is(err, sandbox.ErrShuttingDown) {
+		t.Errorf("the create in flight at Shutdown returned %v, want ErrShuttingDown", err)
+	}
+	if held := h.held(); len(held) != 0 {
+		t.Errorf("the driver still holds %v after Shutdown", held)
+	}
+	h.d.OnStart(nil)
+	h.m = h.open() // the harness's cleanup shuts this one down
 }
