@@ -8,6 +8,7 @@ package pool
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -58,6 +59,10 @@ type Stats struct {
 	LastRefillMS float64 `json:"last_refill_ms"`
 }
 
+// ErrClosed is what a Starter returns when the server has begun to shut
+// down: the refill pass stops quietly (it is no failure).
+var ErrClosed = errors.New("pools closed: the server is shutting down")
+
 // InvalidError is a pool configuration the caller must fix.
 type InvalidError struct{ Msg string }
 
@@ -76,7 +81,8 @@ type Starter interface {
 	// StartIdle starts a sandbox of team's template with the
 	// template's defaults and no record. It calls claim with the
 	// sandbox's id before the runtime starts it, so that the reaper
-	// leaves it alone.
+	// leaves it alone. Once the server is shutting down it starts
+	// nothing and returns ErrClosed.
 	StartIdle(team, template string, claim func(id string)) (*Idle, error)
 	// StopIdle stops a pooled sandbox (total stop, nothing recorded).
 	StopIdle(id string)
@@ -441,6 +447,9 @@ func (ps *Pools) Refill() {
 				}
 			}
 			ps.mu.Unlock()
+			if errors.Is(err, ErrClosed) {
+				return
+			}
 			if err != nil {
 				ps.log.Error("refill pool", "team", k.team, "template", k.template, "err", err)
 				break

@@ -62,7 +62,7 @@ func (s poolStarter) StartIdle(team, template string, claim func(id string)) (*p
 	}
 	done, ok := m.beginStart() // Shutdown waits for this start
 	if !ok {
-		return nil, ErrShuttingDown
+		return nil, fmt.Errorf("%w: %w", pool.ErrClosed, ErrShuttingDown)
 	}
 	defer done()
 	if err := m.prepareNetwork(rec, &rc, noPolicy, nil); err != nil {
