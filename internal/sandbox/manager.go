@@ -210,9 +210,10 @@ type Manager struct {
 	live map[string]*liveSandbox
 	// closing is set by Shutdown: no create may start a sandbox after it.
 	closing bool
-	// starts counts the starts in flight (creates, pool refills), which
-	// Shutdown waits for; Add only under mu while !closing (beginStart).
-	starts sync.WaitGroup
+	// inflight counts the work in flight that starts or stops sandboxes
+	// on its own (creates, pool refills, TTL expiries), which Shutdown
+	// waits for; Add only under mu while !closing (beginWork).
+	inflight sync.WaitGroup
 	// signers is a copy of the ids and access tokens of live, replaced
 	// (under mu) whenever live changes and read without a lock by
 	// FindByToken.
@@ -576,9 +577,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	}
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
 	m.addLive(ls)
-	m.starts.Add(1) // under mu, !closing: Shutdown waits for this create
+	m.inflight.Add(1) // under mu, !closing: Shutdown waits for this create
 	m.mu.Unlock()
-	defer m.starts.Done()
+	defer m.inflight.Done()
 	if pd != nil {
 		m.pools.Release(pd.ID) // live now: the reaper sees it as such
 	}
@@ -691,6 +692,13 @@ func (m *Manager) setSigners() {
 }
 
 func (m *Manager) expire(id string) {
+	// Once the server is closing the next start deals with the TTL
+	// (Reconcile ends what expired meanwhile; killAll ends everything).
+	done, ok := m.beginWork()
+	if !ok {
+		return
+	}
+	defer done()
 	m.mu.Lock()
 	ls, ok := m.live[id]
 	if ok && !ls.ending && !ls.paused && ls.timer != nil {
@@ -1399,7 +1407,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	}
 	close(m.stop)
 	<-m.done
-	m.waitStarts(ctx)
+	m.waitInflight(ctx)
 	m.pools.Drain()
 	m.waitEnds(ctx)
 	m.mu.Lock()
@@ -1411,16 +1419,16 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	m.mu.Unlock()
 }
 
-// waitStarts waits (until ctx is done) for the starts in flight (creates,
-// pool refills): it defends against a create outliving the shutdown
-// half-made, its runtime Start finishing after the server closed its
-// store and driver. Each such start sees closing once its Start returns
-// and stops what it started (a create) or leaves it to the pools' Drain
-// (a refill).
-func (m *Manager) waitStarts(ctx context.Context) {
+// waitInflight waits (until ctx is done) for the work in flight counted
+// by beginWork (creates, pool refills, TTL expiries): it defends against
+// a create or an auto-pause outliving the shutdown half-made, its
+// runtime Start or Stop finishing after the server closed its store and
+// driver. A create sees closing once its Start returns and stops what it
+// started; a refill leaves what it started to the pools' Drain.
+func (m *Manager) waitInflight(ctx context.Context) {
 	done := make(chan struct{})
 	go func() {
-		m.starts.Wait()
+		m.inflight.Wait()
 		close(done)
 	}()
 	select {
@@ -1429,17 +1437,17 @@ func (m *Manager) waitStarts(ctx context.Context) {
 	}
 }
 
-// beginStart counts a start in flight for Shutdown to wait for; false
+// beginWork counts work in flight for Shutdown to wait for; false
 // (nothing counted) once Shutdown has begun. The caller calls done when
-// the start has finished or been undone.
-func (m *Manager) beginStart() (done func(), ok bool) {
+// the work has finished or been undone.
+func (m *Manager) beginWork() (done func(), ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closing {
 		return nil, false
 	}
-	m.starts.Add(1)
-	return m.starts.Done, true
+	m.inflight.Add(1)
+	return m.inflight.Done, true
 }
 
 // waitEnds waits (until ctx is done) for the ends in flight (a kill, the

@@ -60,7 +60,7 @@ func (s poolStarter) StartIdle(team, template string, claim func(id string)) (*p
 	if err != nil {
 		return nil, err
 	}
-	done, ok := m.beginStart() // Shutdown waits for this start
+	done, ok := m.beginWork() // Shutdown waits for this start
 	if !ok {
 		return nil, fmt.Errorf("%w: %w", pool.ErrClosed, ErrShuttingDown)
 	}

@@ -201,3 +201,50 @@ func TestShutdownWaitsForCreatesInFlight(t *testing.T) {
 	h.d.OnStart(nil)
 	h.m = h.open() // the harness's cleanup shuts this one down
 }
+
+// TestShutdownWaitsForAutoPauseInFlight defends against a TTL's
+// auto-pause outliving the shutdown half-made: the TTL of an auto-pause
+// sandbox (persisted: snapshot, then stop) that fired just before the
+// server closed was no end Shutdown waited for, so the server went on to
+// close its store and driver while the pause still stopped the sandbox
+// and wrote its record. Shutdown must return only once that pause has
+// finished: the sandbox stopped, its record paused.
+func TestShutdownWaitsForAutoPauseInFlight(t *testing.T) {
+	h := newHarness(t, testConfig(t))
+	rec := h.create(sandbox.CreateRequest{Timeout: ptr[int64](1), AutoPause: true})
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var released atomic.Bool
+	h.d.OnStop(func(id string) {
+		if id == rec.ID {
+			once.Do(func() { close(entered) })
+			<-release
+		}
+	})
+	<-entered // the TTL fired: the persisted pause is stopping the sandbox
+	done := make(chan struct{})
+	var early atomic.Bool
+	go func() {
+		h.m.Shutdown(context.Background(), false)
+		early.Store(!released.Load())
+		close(done)
+	}()
+	select { // let Shutdown reach its waits before the stop finishes
+	case <-done:
+	case <-time.After(2 * time.Second):
+	}
+	released.Store(true)
+	close(release)
+	<-done
+	if early.Load() {
+		t.Error("Shutdown returned while the TTL's auto-pause was still stopping the sandbox")
+	}
+	if got := h.record(rec.ID); got.State != store.StatePaused {
+		t.Errorf("after Shutdown the record is %s, want paused", got.State)
+	}
+	if held := h.held(); len(held) != 0 {
+		t.Errorf("the driver still holds %v after Shutdown", held)
+	}
+	h.d.OnStop(nil)
+	h.m = h.open() // the harness's cleanup shuts this one down
+}
