@@ -8,6 +8,7 @@ package pool
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -58,6 +59,10 @@ type Stats struct {
 	LastRefillMS float64 `json:"last_refill_ms"`
 }
 
+// ErrClosed is what a Starter returns when the server has begun to shut
+// down: the refill pass stops quietly (it is no failure).
+var ErrClosed = errors.New("pools closed: the server is shutting down")
+
 // InvalidError is a pool configuration the caller must fix.
 type InvalidError struct{ Msg string }
 
@@ -76,7 +81,8 @@ type Starter interface {
 	// StartIdle starts a sandbox of team's template with the
 	// template's defaults and no record. It calls claim with the
 	// sandbox's id before the runtime starts it, so that the reaper
-	// leaves it alone.
+	// leaves it alone. Once the server is shutting down it starts
+	// nothing and returns ErrClosed.
 	StartIdle(team, template string, claim func(id string)) (*Idle, error)
 	// StopIdle stops a pooled sandbox (total stop, nothing recorded).
 	StopIdle(id string)
@@ -120,6 +126,12 @@ type Pools struct {
 	ids map[string]bool
 	// refilling keeps one refill pass at a time.
 	refilling sync.Mutex
+	// closed is set by Drain (under mu): no refill starts a sandbox
+	// after it, and what a refill in flight started is stopped.
+	closed bool
+	// inflight counts the refill passes and background discards
+	// running, which Drain waits for; Add only under mu while !closed.
+	inflight sync.WaitGroup
 }
 
 // New returns empty pools (Load reads their configuration) that start
@@ -262,7 +274,7 @@ func (ps *Pools) Take(team, template, version string) *Idle {
 			p.stats.Hits++
 			return pd
 		}
-		go ps.Discard(pd)
+		ps.discardLocked(pd)
 	}
 	p.stats.Misses++
 	p.target = min(p.target+1, p.cfg.Max)
@@ -314,6 +326,33 @@ func (ps *Pools) Discard(pd *Idle) {
 	ps.Release(pd.ID)
 }
 
+// DiscardLater discards pd in the background (a create that gave up a
+// taken sandbox need not wait for its stop); Drain waits for it. Once the
+// pools are drained it discards at once.
+func (ps *Pools) DiscardLater(pd *Idle) {
+	ps.mu.Lock()
+	if ps.closed {
+		ps.mu.Unlock()
+		ps.Discard(pd)
+		return
+	}
+	ps.discardLocked(pd)
+	ps.mu.Unlock()
+}
+
+// discardLocked is DiscardLater with ps.mu held.
+func (ps *Pools) discardLocked(pd *Idle) {
+	if ps.closed {
+		go ps.Discard(pd) // Drain has stopped waiting: nothing to count
+		return
+	}
+	ps.inflight.Add(1)
+	go func() {
+		defer ps.inflight.Done()
+		ps.Discard(pd)
+	}()
+}
+
 // Release gives up the ownership of a taken pooled sandbox once it is
 // live (the reaper sees it as such).
 func (ps *Pools) Release(id string) {
@@ -325,8 +364,18 @@ func (ps *Pools) Release(id string) {
 // Refill replaces pooled sandboxes past their idle age, tops every pool
 // up to its target within the global limit, and empties pools under
 // memory pressure. The manager's watch loop runs it every second and Set
-// after each change; a call while another pass runs returns at once.
+// after each change; a call while another pass runs returns at once, and
+// so does every call after Drain. A pass checks Drain before each start
+// and stops what it started once the pools are drained.
 func (ps *Pools) Refill() {
+	ps.mu.Lock()
+	if ps.closed {
+		ps.mu.Unlock()
+		return
+	}
+	ps.inflight.Add(1)
+	ps.mu.Unlock()
+	defer ps.inflight.Done()
 	if !ps.refilling.TryLock() {
 		return
 	}
@@ -376,6 +425,10 @@ func (ps *Pools) Refill() {
 	for _, j := range jobs {
 		for i := 0; i < j.n && ps.Free() > 1; i++ {
 			ps.mu.Lock()
+			if ps.closed {
+				ps.mu.Unlock()
+				return
+			}
 			j.p.filling++
 			k := key{j.p.cfg.Team, j.p.cfg.Template}
 			ps.mu.Unlock()
@@ -384,7 +437,7 @@ func (ps *Pools) Refill() {
 			ps.mu.Lock()
 			j.p.filling--
 			if err == nil {
-				if ps.byName[k] == j.p && len(j.p.idle) < j.p.cfg.Max {
+				if !ps.closed && ps.byName[k] == j.p && len(j.p.idle) < j.p.cfg.Max {
 					j.p.idle = append(j.p.idle, pd)
 					ms := float64(time.Since(t0).Microseconds()) / 1000
 					j.p.stats.Refills++
@@ -394,11 +447,14 @@ func (ps *Pools) Refill() {
 				}
 			}
 			ps.mu.Unlock()
+			if errors.Is(err, ErrClosed) {
+				return
+			}
 			if err != nil {
 				ps.log.Error("refill pool", "team", k.team, "template", k.template, "err", err)
 				break
 			}
-			if pd != nil { // the pool went away meanwhile
+			if pd != nil { // the pool went away or was drained meanwhile
 				ps.Discard(pd)
 			}
 		}
@@ -424,8 +480,20 @@ func (ps *Pools) start(k key) (*Idle, error) {
 	return pd, nil
 }
 
-// Drain stops every idle pooled sandbox (server shutdown).
+// Drain stops every pooled sandbox at server shutdown: pooled sandboxes
+// have no record and are never adopted by the next start. It defends
+// against a refill outliving the server half-made (a Start in flight
+// finishing after the pools were emptied, its mounts and processes
+// left to a process about to exit): refills stop starting sandboxes,
+// Drain waits for the passes and background discards in flight (a pass
+// stops what its last Start made), then stops the idle ones. Afterwards
+// Refill does nothing. A sandbox a create has taken (Take) stays the
+// create's: it makes it live or discards it.
 func (ps *Pools) Drain() {
+	ps.mu.Lock()
+	ps.closed = true
+	ps.mu.Unlock()
+	ps.inflight.Wait()
 	ps.mu.Lock()
 	var all []*Idle
 	for _, p := range ps.byName {

@@ -210,6 +210,10 @@ type Manager struct {
 	live map[string]*liveSandbox
 	// closing is set by Shutdown: no create may start a sandbox after it.
 	closing bool
+	// inflight counts the work in flight that starts or stops sandboxes
+	// on its own (creates, pool refills, TTL expiries), which Shutdown
+	// waits for; Add only under mu while !closing (beginWork).
+	inflight sync.WaitGroup
 	// signers is a copy of the ids and access tokens of live, replaced
 	// (under mu) whenever live changes and read without a lock by
 	// FindByToken.
@@ -556,7 +560,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	release, err := m.admit(ctx, &req, rec)
 	if err != nil {
 		if pd != nil {
-			go m.pools.Discard(pd)
+			m.pools.DiscardLater(pd)
 		}
 		return nil, err
 	}
@@ -567,13 +571,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		m.mu.Unlock()
 		release()
 		if pd != nil {
-			go m.pools.Discard(pd)
+			m.pools.DiscardLater(pd)
 		}
 		return nil, ErrShuttingDown
 	}
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
 	m.addLive(ls)
+	m.inflight.Add(1) // under mu, !closing: Shutdown waits for this create
 	m.mu.Unlock()
+	defer m.inflight.Done()
 	if pd != nil {
 		m.pools.Release(pd.ID) // live now: the reaper sees it as such
 	}
@@ -686,6 +692,13 @@ func (m *Manager) setSigners() {
 }
 
 func (m *Manager) expire(id string) {
+	// Once the server is closing the next start deals with the TTL
+	// (Reconcile ends what expired meanwhile; killAll ends everything).
+	done, ok := m.beginWork()
+	if !ok {
+		return
+	}
+	defer done()
 	m.mu.Lock()
 	ls, ok := m.live[id]
 	if ok && !ls.ending && !ls.paused && ls.timer != nil {
@@ -1394,6 +1407,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	}
 	close(m.stop)
 	<-m.done
+	m.waitInflight(ctx)
 	m.pools.Drain()
 	m.waitEnds(ctx)
 	m.mu.Lock()
@@ -1403,6 +1417,37 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 		}
 	}
 	m.mu.Unlock()
+}
+
+// waitInflight waits (until ctx is done) for the work in flight counted
+// by beginWork (creates, pool refills, TTL expiries): it defends against
+// a create or an auto-pause outliving the shutdown half-made, its
+// runtime Start or Stop finishing after the server closed its store and
+// driver. A create sees closing once its Start returns and stops what it
+// started; a refill leaves what it started to the pools' Drain.
+func (m *Manager) waitInflight(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		m.inflight.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// beginWork counts work in flight for Shutdown to wait for; false
+// (nothing counted) once Shutdown has begun. The caller calls done when
+// the work has finished or been undone.
+func (m *Manager) beginWork() (done func(), ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closing {
+		return nil, false
+	}
+	m.inflight.Add(1)
+	return m.inflight.Done, true
 }
 
 // waitEnds waits (until ctx is done) for the ends in flight (a kill, the

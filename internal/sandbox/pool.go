@@ -29,12 +29,15 @@ type warmPools interface {
 	Take(team, template, version string) *pool.Idle
 	Release(id string)
 	Discard(pd *pool.Idle)
+	// DiscardLater discards in the background; Drain waits for it.
+	DiscardLater(pd *pool.Idle)
 	// Free is the room left under the global limit, pools included;
 	// MakeRoom evicts an idle sandbox when there is none.
 	Free() int
 	MakeRoom()
 	// Refill tops the pools up, or empties them under memory pressure;
-	// Drain stops every idle sandbox (shutdown).
+	// Drain stops every pooled sandbox, waiting for the refills and
+	// discards in flight (shutdown).
 	Refill()
 	Drain()
 	Load(ctx context.Context)
@@ -57,6 +60,11 @@ func (s poolStarter) StartIdle(team, template string, claim func(id string)) (*p
 	if err != nil {
 		return nil, err
 	}
+	done, ok := m.beginWork() // Shutdown waits for this start
+	if !ok {
+		return nil, fmt.Errorf("%w: %w", pool.ErrClosed, ErrShuttingDown)
+	}
+	defer done()
 	if err := m.prepareNetwork(rec, &rc, noPolicy, nil); err != nil {
 		return nil, err
 	}
