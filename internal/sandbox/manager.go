@@ -204,16 +204,17 @@ type Manager struct {
 	templates TemplateRegistry
 	log       *slog.Logger
 
-	// mu guards live and closing.
+	// mu guards live, closing, work and idle.
 	mu sync.Mutex
 	// live holds the sandboxes this process runs, by id.
 	live map[string]*liveSandbox
 	// closing is set by Shutdown: no create may start a sandbox after it.
 	closing bool
-	// inflight counts the work in flight that starts or stops sandboxes
-	// on its own (creates, pool refills, TTL expiries), which Shutdown
-	// waits for; Add only under mu while !closing (beginWork).
-	inflight sync.WaitGroup
+	// work counts the work in flight that Shutdown waits for (see
+	// beginWork); idle, made by a Shutdown waiting for it, is closed when
+	// work drops to zero.
+	work int
+	idle chan struct{}
 	// signers is a copy of the ids and access tokens of live, replaced
 	// (under mu) whenever live changes and read without a lock by
 	// FindByToken.
@@ -245,7 +246,8 @@ type liveSandbox struct {
 	timer  *time.Timer
 	ending bool // Kill in progress; guarded by Manager.mu
 	// ended is made when ending is set and closed when the end is
-	// recorded (or failed). Guarded by Manager.mu.
+	// recorded (or failed), for a caller that waits for another's end
+	// (EndIfDead). Guarded by Manager.mu.
 	ended chan struct{}
 	// paused: frozen, TTL clock stopped with remaining left; guarded by Manager.mu.
 	paused    bool
@@ -577,9 +579,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	}
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
 	m.addLive(ls)
-	m.inflight.Add(1) // under mu, !closing: Shutdown waits for this create
+	defer m.countWorkLocked()() // under mu, !closing: Shutdown waits for this create
 	m.mu.Unlock()
-	defer m.inflight.Done()
 	if pd != nil {
 		m.pools.Release(pd.ID) // live now: the reaper sees it as such
 	}
@@ -782,6 +783,7 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 	ls.ending = true
 	ls.ended = make(chan struct{})
 	defer close(ls.ended)
+	defer m.countWorkLocked()() // Shutdown waits for this end, begun before it or during it
 	if ls.timer != nil {
 		ls.timer.Stop()
 	}
@@ -1146,7 +1148,9 @@ func (m *Manager) Pause(ctx context.Context, id string) (*store.Sandbox, error) 
 
 // Resume thaws a paused sandbox and restarts its lifetime clock with ttl
 // (or what was left when it was paused, if ttl is 0). Resuming a running
-// sandbox is ErrConflict.
+// sandbox is ErrConflict; a persisted sandbox (paused to disk), which a
+// resume starts again, is not resumed once Shutdown has begun
+// (ErrShuttingDown).
 func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*store.Sandbox, error) {
 	if ttl < 0 || ttl > MaxTTL {
 		return nil, invalid("timeout must be between 1 and %d seconds", int64(MaxTTL/time.Second))
@@ -1164,6 +1168,13 @@ func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*st
 	stopped := ls.stopped
 	m.mu.Unlock()
 	if stopped {
+		// Starting it again is work Shutdown waits for; once it has
+		// begun, the sandbox stays paused for the next start.
+		done, ok := m.beginWork()
+		if !ok {
+			return nil, ErrShuttingDown
+		}
+		defer done()
 		if err := m.restart(ctx, ls); err != nil {
 			return nil, err
 		}
@@ -1390,6 +1401,8 @@ func (m *Manager) watch() {
 
 // Shutdown stops the watcher. Sandboxes keep running; a restarted server
 // adopts them (Reconcile). With killAll, every sandbox is killed first.
+// It returns once the work in flight (beginWork) has finished, or when
+// ctx is done.
 func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	m.mu.Lock()
 	m.closing = true // creates in flight (waiting for admission, say) start nothing
@@ -1407,9 +1420,10 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	}
 	close(m.stop)
 	<-m.done
-	m.waitInflight(ctx)
+	// The pools first: Drain waits for the refills in flight, whose
+	// starts are work too, and refuses new ones.
 	m.pools.Drain()
-	m.waitEnds(ctx)
+	m.waitWork(ctx)
 	m.mu.Lock()
 	for _, ls := range m.live {
 		if ls.timer != nil {
@@ -1419,56 +1433,59 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	m.mu.Unlock()
 }
 
-// waitInflight waits (until ctx is done) for the work in flight counted
-// by beginWork (creates, pool refills, TTL expiries): it defends against
-// a create or an auto-pause outliving the shutdown half-made, its
-// runtime Start or Stop finishing after the server closed its store and
-// driver. A create sees closing once its Start returns and stops what it
-// started; a refill leaves what it started to the pools' Drain.
-func (m *Manager) waitInflight(ctx context.Context) {
-	done := make(chan struct{})
-	go func() {
-		m.inflight.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
-}
-
-// beginWork counts work in flight for Shutdown to wait for; false
-// (nothing counted) once Shutdown has begun. The caller calls done when
-// the work has finished or been undone.
+// beginWork counts work in flight that starts or changes sandboxes on
+// its own (a create, a pool refill's start, a TTL expiry with its
+// auto-pause, a resume of a persisted sandbox) for Shutdown to wait for;
+// false (nothing counted) once Shutdown has begun: such work then starts
+// nothing. The caller calls done when the work has finished or been
+// undone.
+//
+// It is the one way Shutdown learns of work in flight, and defends
+// against that work outliving the shutdown half-made: its runtime Start
+// or Stop, or its record's write, finishing after the server closed its
+// store and driver (a leaked overlay mount, a runc container and
+// supervisor nobody stops, a record written to a closed store). Ends
+// are counted too (endIf, with countWorkLocked), also once Shutdown has
+// begun: its own killAll ends and a kill or watchdog end racing it must
+// finish before it returns.
 func (m *Manager) beginWork() (done func(), ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closing {
 		return nil, false
 	}
-	m.inflight.Add(1)
-	return m.inflight.Done, true
+	return m.countWorkLocked(), true
 }
 
-// waitEnds waits (until ctx is done) for the ends in flight (a kill, the
-// watchdog, a TTL): a shutdown that returned while one still tore its
-// sandbox down would leave its mounts, cgroups and record to a process
-// about to exit.
-func (m *Manager) waitEnds(ctx context.Context) {
-	m.mu.Lock()
-	var ending []chan struct{}
-	for _, ls := range m.live {
-		if ls.ending && ls.ended != nil {
-			ending = append(ending, ls.ended)
+// countWorkLocked counts work in flight whatever Shutdown's progress
+// (beginWork); m.mu must be held, and not when done is called.
+func (m *Manager) countWorkLocked() (done func()) {
+	m.work++
+	return func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.work--; m.work == 0 && m.idle != nil {
+			close(m.idle)
+			m.idle = nil
 		}
 	}
+}
+
+// waitWork waits until no work is in flight (beginWork) or ctx is done.
+func (m *Manager) waitWork(ctx context.Context) {
+	m.mu.Lock()
+	if m.work == 0 {
+		m.mu.Unlock()
+		return
+	}
+	if m.idle == nil {
+		m.idle = make(chan struct{})
+	}
+	idle := m.idle
 	m.mu.Unlock()
-	for _, ch := range ending {
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return
-		}
+	select {
+	case <-idle:
+	case <-ctx.Done():
 	}
 }
 

@@ -44,6 +44,55 @@ func TestShutdownStartsNothingMore(t *testing.T) {
 	h.m = h.open() // the harness's cleanup shuts this one down
 }
 
+// gate holds the driver calls that pass through a test's driver hook
+// (hold) until the test opens it.
+type gate struct {
+	entered, release chan struct{}
+	once             sync.Once
+	open             atomic.Bool
+}
+
+func newGate() *gate { return &gate{entered: make(chan struct{}), release: make(chan struct{})} }
+
+// hold is called in a driver hook: it says that a call is in flight and
+// waits until the gate opens.
+func (g *gate) hold() {
+	g.once.Do(func() { close(g.entered) })
+	<-g.release
+}
+
+// shutdownWhileHeld waits until g holds a driver call, runs
+// Shutdown(killAll) and lets it reach its waits (up to 2 s: without a
+// wait it returns at once) before it opens g; then it waits for Shutdown
+// to return. It reports whether Shutdown returned while the call was
+// still held (early) and what the driver held when it returned. The
+// harness's hooks are removed and a new Manager is opened when the test
+// ends (the harness's cleanup shuts that one down).
+func (h *harness) shutdownWhileHeld(g *gate, killAll bool) (early bool, heldAtReturn []string) {
+	h.t.Helper()
+	h.t.Cleanup(func() {
+		h.d.OnStart(nil)
+		h.d.OnStop(nil)
+		h.m = h.open()
+	})
+	<-g.entered
+	done := make(chan struct{})
+	go func() {
+		h.m.Shutdown(context.Background(), killAll)
+		early = !g.open.Load()
+		heldAtReturn = h.held()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+	}
+	g.open.Store(true)
+	close(g.release)
+	<-done
+	return early, heldAtReturn
+}
+
 // TestShutdownWaitsForEndsInFlight defends against a shutdown returning
 // while a sandbox is still being torn down (the watchdog's cpu_runaway
 // end, a kill or a TTL in flight): the process then exits or its data
@@ -56,31 +105,16 @@ func TestShutdownWaitsForEndsInFlight(t *testing.T) {
 		t.Run(fmt.Sprintf("killAll=%v", killAll), func(t *testing.T) {
 			h := newHarness(t, testConfig(t))
 			rec := h.create(sandbox.CreateRequest{})
-			entered, release := make(chan struct{}), make(chan struct{})
-			var once sync.Once
+			g := newGate()
 			h.d.OnStop(func(id string) {
 				if id == rec.ID {
-					once.Do(func() { close(entered) })
-					<-release
+					g.hold()
 				}
 			})
 			go h.m.OnRunaway(rec.ID)
-			<-entered
-			done := make(chan struct{})
-			go func() {
-				h.m.Shutdown(context.Background(), killAll)
-				close(done)
-			}()
-			select {
-			case <-done:
-				close(release)
-				h.d.OnStop(nil)
-				h.m = h.open() // the harness's cleanup shuts this one down
+			if early, _ := h.shutdownWhileHeld(g, killAll); early {
 				t.Fatal("Shutdown returned while the sandbox's end was still stopping it")
-			case <-time.After(300 * time.Millisecond):
 			}
-			close(release)
-			<-done
 			got, err := h.st.GetSandbox(context.Background(), rec.ID)
 			if err != nil || got.State != store.StateEnded || got.EndReason != sandbox.EndCPURunaway {
 				t.Fatalf("after Shutdown the record is %+v (%v); want ended cpu_runaway", got, err)
@@ -88,8 +122,6 @@ func TestShutdownWaitsForEndsInFlight(t *testing.T) {
 			if held := h.held(); len(held) != 0 {
 				t.Fatalf("the driver still holds %v after Shutdown", held)
 			}
-			h.d.OnStop(nil)
-			h.m = h.open()
 		})
 	}
 }
@@ -108,39 +140,24 @@ func TestShutdownUndoesPoolRefillInFlight(t *testing.T) {
 	for _, killAll := range []bool{false, true} {
 		t.Run(fmt.Sprintf("killAll=%v", killAll), func(t *testing.T) {
 			h := newHarness(t, testConfig(t))
-			entered, release := make(chan struct{}), make(chan struct{})
-			var once sync.Once
+			g := newGate()
 			h.d.OnStart(func(runtime.Config) error {
-				once.Do(func() { close(entered) })
-				<-release
+				g.hold()
 				return nil
 			})
 			if _, err := h.m.SetPool(context.Background(), sandbox.PoolConfig{Template: "base", Min: 2}); err != nil {
 				t.Fatal(err)
 			}
-			<-entered // the first refill's Start is in flight
-			done := make(chan struct{})
-			go func() {
-				h.m.Shutdown(context.Background(), killAll)
-				close(done)
-			}()
-			// Let Shutdown reach the pools before the Start finishes: it
-			// returns at once without the fix, waits for the refill with it.
-			select {
-			case <-done:
-			case <-time.After(2 * time.Second):
+			early, heldAtReturn := h.shutdownWhileHeld(g, killAll)
+			if early {
+				t.Error("Shutdown returned while a pool refill's Start was still in flight")
 			}
-			close(release)
-			<-done
-			eventually(t, "the refill's Start to return", func() bool { return h.d.Starts() >= 1 })
-			if held := h.held(); len(held) != 0 {
-				t.Errorf("the driver still holds %v after Shutdown: a refill in flight outlived it", held)
+			if len(heldAtReturn) != 0 {
+				t.Errorf("the driver still holds %v after Shutdown: a refill in flight outlived it", heldAtReturn)
 			}
 			if n := h.d.Starts(); n != 1 {
 				t.Errorf("%d pooled sandboxes started, want only the one in flight at Shutdown", n)
 			}
-			h.d.OnStart(nil)
-			h.m = h.open() // the harness's cleanup shuts this one down
 		})
 	}
 }
@@ -155,12 +172,9 @@ func TestShutdownUndoesPoolRefillInFlight(t *testing.T) {
 // record ended, the driver holding nothing.
 func TestShutdownWaitsForCreatesInFlight(t *testing.T) {
 	h := newHarness(t, testConfig(t))
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	var released atomic.Bool
+	g := newGate()
 	h.d.OnStart(func(runtime.Config) error {
-		once.Do(func() { close(entered) })
-		<-release
+		g.hold()
 		return nil
 	})
 	created := make(chan error, 1)
@@ -168,24 +182,8 @@ func TestShutdownWaitsForCreatesInFlight(t *testing.T) {
 		_, err := h.m.Create(context.Background(), sandbox.CreateRequest{})
 		created <- err
 	}()
-	<-entered
-	done := make(chan struct{})
-	var early atomic.Bool // Shutdown returned with the Start still held
-	var heldAtReturn []string
-	go func() {
-		h.m.Shutdown(context.Background(), false)
-		early.Store(!released.Load())
-		heldAtReturn = h.held()
-		close(done)
-	}()
-	select { // let Shutdown reach its waits before the Start finishes
-	case <-done:
-	case <-time.After(2 * time.Second):
-	}
-	released.Store(true)
-	close(release)
-	<-done
-	if early.Load() {
+	early, heldAtReturn := h.shutdownWhileHeld(g, false)
+	if early {
 		t.Error("Shutdown returned while a create's runtime Start was still in flight")
 	}
 	if len(heldAtReturn) != 0 {
@@ -198,8 +196,6 @@ func TestShutdownWaitsForCreatesInFlight(t *testing.T) {
 	if held := h.held(); len(held) != 0 {
 		t.Errorf("the driver still holds %v after Shutdown", held)
 	}
-	h.d.OnStart(nil)
-	h.m = h.open() // the harness's cleanup shuts this one down
 }
 
 // TestShutdownWaitsForAutoPauseInFlight defends against a TTL's
@@ -212,31 +208,14 @@ func TestShutdownWaitsForCreatesInFlight(t *testing.T) {
 func TestShutdownWaitsForAutoPauseInFlight(t *testing.T) {
 	h := newHarness(t, testConfig(t))
 	rec := h.create(sandbox.CreateRequest{Timeout: ptr[int64](1), AutoPause: true})
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	var released atomic.Bool
+	g := newGate()
 	h.d.OnStop(func(id string) {
 		if id == rec.ID {
-			once.Do(func() { close(entered) })
-			<-release
+			g.hold()
 		}
 	})
-	<-entered // the TTL fired: the persisted pause is stopping the sandbox
-	done := make(chan struct{})
-	var early atomic.Bool
-	go func() {
-		h.m.Shutdown(context.Background(), false)
-		early.Store(!released.Load())
-		close(done)
-	}()
-	select { // let Shutdown reach its waits before the stop finishes
-	case <-done:
-	case <-time.After(2 * time.Second):
-	}
-	released.Store(true)
-	close(release)
-	<-done
-	if early.Load() {
+	// The TTL fires: the persisted pause stops the sandbox.
+	if early, _ := h.shutdownWhileHeld(g, false); early {
 		t.Error("Shutdown returned while the TTL's auto-pause was still stopping the sandbox")
 	}
 	if got := h.record(rec.ID); got.State != store.StatePaused {
@@ -245,6 +224,75 @@ func TestShutdownWaitsForAutoPauseInFlight(t *testing.T) {
 	if held := h.held(); len(held) != 0 {
 		t.Errorf("the driver still holds %v after Shutdown", held)
 	}
-	h.d.OnStop(nil)
-	h.m = h.open() // the harness's cleanup shuts this one down
+}
+
+// TestShutdownWaitsForResumeInFlight defends against the resume of a
+// persisted sandbox (paused to disk: its processes stopped) outliving
+// the shutdown half-made: its runtime Start was no work Shutdown waited
+// for, so the server went on to close its store and driver while the
+// resume still started the sandbox and then wrote its record (a running
+// sandbox whose record says paused, or a write to a closed store).
+// Shutdown must return only once that resume has finished: without
+// killAll the sandbox runs and its record says so (the next start
+// adopts it); with killAll it is stopped and ended. And a resume asked
+// for once Shutdown has begun starts nothing: ErrShuttingDown, the
+// sandbox left paused.
+func TestShutdownWaitsForResumeInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		killAll   bool
+		wantState string
+		wantHeld  int
+	}{
+		{killAll: false, wantState: store.StateRunning, wantHeld: 1},
+		{killAll: true, wantState: store.StateEnded, wantHeld: 0},
+	} {
+		t.Run(fmt.Sprintf("killAll=%v", tc.killAll), func(t *testing.T) {
+			h := newHarness(t, testConfig(t))
+			rec := h.create(sandbox.CreateRequest{})
+			if _, err := h.m.PauseWith(context.Background(), rec.ID, true); err != nil {
+				t.Fatal(err)
+			}
+			g := newGate()
+			h.d.OnStart(func(runtime.Config) error {
+				g.hold()
+				return nil
+			})
+			resumed := make(chan error, 1)
+			go func() {
+				_, err := h.m.Resume(context.Background(), rec.ID, 0)
+				resumed <- err
+			}()
+			early, heldAtReturn := h.shutdownWhileHeld(g, tc.killAll)
+			if early {
+				t.Error("Shutdown returned while a persisted sandbox's resume was still starting it")
+			}
+			if got := h.record(rec.ID); got.State != tc.wantState {
+				t.Errorf("after Shutdown the record is %s, want %s", got.State, tc.wantState)
+			}
+			if len(heldAtReturn) != tc.wantHeld {
+				t.Errorf("when Shutdown returned the driver held %v, want %d sandboxes", heldAtReturn, tc.wantHeld)
+			}
+			if err := <-resumed; !tc.killAll && err != nil {
+				t.Errorf("the resume in flight at Shutdown: %v", err)
+			}
+		})
+	}
+	t.Run("after", func(t *testing.T) {
+		h := newHarness(t, testConfig(t))
+		rec := h.create(sandbox.CreateRequest{})
+		if _, err := h.m.PauseWith(context.Background(), rec.ID, true); err != nil {
+			t.Fatal(err)
+		}
+		h.m.Shutdown(context.Background(), false)
+		defer func() { h.m = h.open() }()
+		if _, err := h.m.Resume(context.Background(), rec.ID, 0); !errors.Is(err, sandbox.ErrShuttingDown) {
+			t.Errorf("a resume once Shutdown has begun: %v, want ErrShuttingDown", err)
+		}
+		if held := h.held(); len(held) != 0 {
+			t.Errorf("a resume after Shutdown started %v", held)
+		}
+		if got := h.record(rec.ID); got.State != store.StatePaused {
+			t.Errorf("after a refused resume the record is %s, want paused", got.State)
+		}
+	})
 }
