@@ -59,6 +59,9 @@ func (l *Log) Observe(f func(*store.Event)) { l.observe = f }
 type item struct {
 	ev   *store.Event
 	sync chan struct{} // when set: a Sync marker, closed once written
+	// err, for an event with a sandbox's end (RecordSandboxEnd), receives
+	// the error of that end when the batch could not be stored.
+	err *error
 }
 
 // New starts a writer for st. red (may be nil) redacts each event's data.
@@ -109,11 +112,43 @@ func (l *Log) RecordCommandEnd(ctx context.Context, sandbox string, cmd *store.C
 	l.recordEvent(actor.From(ctx), sandbox, "", kind, data, cmd)
 }
 
+// RecordSandboxEnd is RecordBy for the event of a sandbox's end: end is
+// written in the transaction that stores the event, before it, and the
+// event is stored only if end ended the record (store.Event.EndsSandbox).
+// It defends against two ends of one sandbox racing (an owner's TTL or
+// kill and another control plane's kill, under a shared runtime) both
+// recording sandbox.ended while the record has one end: the store's
+// conditional update decides both. It waits for the commit (the events
+// recorded before it are stored first) and reports whether end ended
+// the record; only then does the event count (Observe).
+func (l *Log) RecordSandboxEnd(ctx context.Context, end *store.SandboxEnd, kind string, data any) (bool, error) {
+	ev := l.event(actor.From(ctx), end.ID, "", kind, data)
+	ev.EndsSandbox = end
+	l.mu.RLock()
+	if l.closed {
+		l.mu.RUnlock()
+		l.log.Error("audit event after close", "sandbox", end.ID, "kind", kind)
+		err := l.st.AppendEvents(context.WithoutCancel(ctx), []*store.Event{ev})
+		return end.Ended, err
+	}
+	done := make(chan struct{})
+	var err error
+	l.ch <- item{ev: ev, sync: done, err: &err}
+	l.mu.RUnlock()
+	l.st.Hurry()
+	<-done
+	if end.Ended && l.observe != nil {
+		l.observe(ev)
+	}
+	return end.Ended, err
+}
+
 func (l *Log) record(by actor.Actor, sandbox, task, kind string, data any) {
 	l.recordEvent(by, sandbox, task, kind, data, nil)
 }
 
-func (l *Log) recordEvent(by actor.Actor, sandbox, task, kind string, data any, ends *store.Command) {
+// event makes the event to store: data marshalled and redacted.
+func (l *Log) event(by actor.Actor, sandbox, task, kind string, data any) *store.Event {
 	b, err := json.Marshal(data)
 	if err != nil || len(b) == 0 || b[0] != '{' {
 		b = []byte("{}")
@@ -121,6 +156,12 @@ func (l *Log) recordEvent(by actor.Actor, sandbox, task, kind string, data any, 
 	if l.red != nil {
 		b = l.red.RedactBytes(b)
 	}
+	return &store.Event{At: time.Now().UTC(), SandboxID: sandbox, TaskID: task, Team: by.Team, KeyID: by.KeyID, Kind: kind, Data: json.RawMessage(b)}
+}
+
+func (l *Log) recordEvent(by actor.Actor, sandbox, task, kind string, data any, ends *store.Command) {
+	ev := l.event(by, sandbox, task, kind, data)
+	ev.EndsCommand = ends
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.closed {
@@ -133,7 +174,6 @@ func (l *Log) recordEvent(by actor.Actor, sandbox, task, kind string, data any, 
 		}
 		return
 	}
-	ev := &store.Event{At: time.Now().UTC(), SandboxID: sandbox, TaskID: task, Team: by.Team, KeyID: by.KeyID, Kind: kind, Data: json.RawMessage(b), EndsCommand: ends}
 	if l.observe != nil {
 		l.observe(ev)
 	}
@@ -188,6 +228,7 @@ func (l *Log) run() {
 	defer close(l.done)
 	var batch []*store.Event
 	var syncs []chan struct{}
+	var ends []item // the items of batch with a sandbox's end
 	flush := func() {
 		if len(batch) > 0 {
 			// Retry a failed write a few times, and while the store
@@ -226,8 +267,13 @@ func (l *Log) run() {
 						}
 					}
 				}
+				// And so are the sandbox ends, whose callers wait.
+				for _, it := range ends {
+					e := it.ev.EndsSandbox
+					e.Ended, *it.err = l.st.EndSandboxFirst(context.Background(), e.ID, e.Reason, e.Error, e.At)
+				}
 			}
-			batch = batch[:0]
+			batch, ends = batch[:0], ends[:0]
 			l.wmu.Lock()
 			close(l.written)
 			l.written = make(chan struct{})
@@ -239,7 +285,7 @@ func (l *Log) run() {
 		syncs = syncs[:0]
 	}
 	for it := range l.ch {
-		l.add(it, &batch, &syncs)
+		l.add(it, &batch, &syncs, &ends)
 		// Take whatever else is already queued, up to a batch.
 	more:
 		for len(batch) < maxBatch {
@@ -248,7 +294,7 @@ func (l *Log) run() {
 				if !ok {
 					break more
 				}
-				l.add(it2, &batch, &syncs)
+				l.add(it2, &batch, &syncs, &ends)
 			default:
 				break more
 			}
@@ -258,10 +304,15 @@ func (l *Log) run() {
 	flush()
 }
 
-func (l *Log) add(it item, batch *[]*store.Event, syncs *[]chan struct{}) {
+func (l *Log) add(it item, batch *[]*store.Event, syncs *[]chan struct{}, ends *[]item) {
 	if it.sync != nil {
 		*syncs = append(*syncs, it.sync)
+	}
+	if it.ev == nil {
 		return
 	}
 	*batch = append(*batch, it.ev)
+	if it.ev.EndsSandbox != nil {
+		*ends = append(*ends, it)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/netns"
 	"github.com/corralhq/corral/internal/runtime"
+	"github.com/corralhq/corral/internal/store"
 )
 
 // What the Manager needs of the server's other parts, declared here where
@@ -21,6 +22,10 @@ type auditRecorder interface {
 	// RecordBy records an event a request caused, with the team and API
 	// key id of the actor ctx carries.
 	RecordBy(ctx context.Context, sandbox, kind string, data any)
+	// RecordSandboxEnd writes a sandbox's end and, only if that end
+	// ended the record, its event, together; it reports whether it did
+	// (see Manager.recordEnd).
+	RecordSandboxEnd(ctx context.Context, end *store.SandboxEnd, kind string, data any) (bool, error)
 }
 
 // networkGateway gives sandboxes their network (*gateway.Gateway): the

@@ -596,8 +596,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		m.teardownNetwork(rec.ID)
 		m.forget(rec.ID)
 		release()
-		_ = m.store.EndSandbox(context.WithoutCancel(ctx), rec.ID, EndError, err.Error(), time.Now())
-		m.audit(rec.ID, "sandbox.ended", map[string]any{"reason": EndError, "error": err.Error()})
+		_, _ = m.recordEnd(context.WithoutCancel(ctx), rec.ID, EndError, err.Error(), map[string]any{"reason": EndError, "error": err.Error()})
 		return nil, fmt.Errorf("start sandbox %s: %w", rec.ID, err)
 	}
 	var pid int
@@ -817,17 +816,12 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 			errText = "teardown: " + stopErr.Error()
 		}
 	}
-	// The event is recorded before the record says ended, so that anyone
-	// who reads "ended" finds the event in the audit log. Under a shared
-	// driver another node may have ended it (a kill sent there): its end
-	// and its event stand.
+	// Under a shared driver another node may have ended it (a kill sent
+	// there): its end and its event stand, and this one records neither.
 	task := m.taskOf(id)
-	if !m.endedElsewhere(ctx, id) {
-		m.auditBy(ctx, id, "sandbox.ended", map[string]any{"reason": reason, "error": errText})
-		if err := m.store.EndSandbox(context.WithoutCancel(ctx), id, reason, errText, time.Now()); err != nil {
-			m.audit(id, "sandbox.end_unrecorded", map[string]any{"reason": reason, "error": err.Error()})
-			return err
-		}
+	if _, err := m.recordEnd(ctx, id, reason, errText, map[string]any{"reason": reason, "error": errText}); err != nil {
+		m.audit(id, "sandbox.end_unrecorded", map[string]any{"reason": reason, "error": err.Error()})
+		return err
 	}
 	// From here the sandbox has ended; a failed stop is logged and kept
 	// in the record (errText), and the reaper reclaims what it left.
@@ -839,6 +833,24 @@ func (m *Manager) endIf(ctx context.Context, id, reason, errText string, still f
 	}
 	m.log.Info("sandbox ended", "id", id, "reason", reason)
 	return nil
+}
+
+// recordEnd ends the record of sandbox id with reason and errText and
+// records its sandbox.ended event with data, in one step: the store's
+// conditional update (store.Event.EndsSandbox) decides both, so that of
+// several ends racing (the owner's TTL, watchdog or kill and another
+// node's kill under a shared driver; two nodes ending an overdue
+// sandbox) exactly one records an event, and it is the end the record
+// keeps. It reports whether this end was that one. The event is stored
+// with the record's end, so a reader who sees "ended" finds it. It is the
+// one way a sandbox's end is recorded.
+func (m *Manager) recordEnd(ctx context.Context, id, reason, errText string, data map[string]any) (bool, error) {
+	end := &store.SandboxEnd{ID: id, Reason: reason, Error: errText, At: time.Now()}
+	ctx = context.WithoutCancel(ctx)
+	if m.cfg.Audit == nil {
+		return m.store.EndSandboxFirst(ctx, id, reason, errText, end.At)
+	}
+	return m.cfg.Audit.RecordSandboxEnd(ctx, end, "sandbox.ended", data)
 }
 
 // finalReading gives the watchdog a last reading of a sandbox whose
@@ -1297,11 +1309,10 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		if err := m.driver.Stop(ctx, rec.ID, 0); err != nil {
 			m.log.Error("reclaim sandbox", "id", rec.ID, "err", err)
 		}
-		if err := m.store.EndSandbox(ctx, rec.ID, reason, detail, time.Now()); err != nil {
+		if _, err := m.recordEnd(ctx, rec.ID, reason, detail, map[string]any{"reason": reason, "reclaimed_at_start": true}); err != nil {
 			return err
 		}
 		m.log.Info("reclaimed sandbox", "id", rec.ID, "reason", reason)
-		m.audit(rec.ID, "sandbox.ended", map[string]any{"reason": reason, "reclaimed_at_start": true})
 	}
 	for _, id := range held {
 		if known[id] {

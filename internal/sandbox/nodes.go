@@ -28,7 +28,7 @@ import (
 //     and its record older than CreateDeadline (a younger record may be
 //     a create still starting its Pod on its node).
 // Of two nodes ending one record at once, one records the end
-// (store.EndSandboxFirst).
+// (Manager.recordEnd), with its event.
 
 // Defaults of the node settings (docs/configuration.md).
 const (
@@ -84,13 +84,13 @@ func (m *Manager) killForeign(ctx context.Context, id string) error {
 }
 
 // endForeign ends another node's sandbox under a shared driver. The
-// record is ended first, with the end that counts (EndSandboxFirst), so
-// that the owner, which sees the sandbox die once it is stopped, finds
-// it ended and only forgets it (no second end, no second event); then
-// the runtime state is stopped. Only the node whose end counted records
-// the audit event and stops it.
+// record is ended first, with its event (recordEnd: of this end and the
+// owner's own, racing, one counts), so that the owner, which sees the
+// sandbox die once it is stopped, finds it ended and only forgets it (no
+// second end, no second event); then the runtime state is stopped. Only
+// the node whose end counted stops it.
 func (m *Manager) endForeign(ctx context.Context, rec *store.Sandbox, reason, errText string) error {
-	won, err := m.store.EndSandboxFirst(context.WithoutCancel(ctx), rec.ID, reason, errText, time.Now())
+	won, err := m.recordEnd(ctx, rec.ID, reason, errText, map[string]any{"reason": reason, "error": errText, "node": rec.Node, "ended_by": m.cfg.Node})
 	if err != nil {
 		return err
 	}
@@ -100,7 +100,6 @@ func (m *Manager) endForeign(ctx context.Context, rec *store.Sandbox, reason, er
 	if !won {
 		return nil // another node ended it meanwhile; its end stands
 	}
-	m.auditBy(ctx, rec.ID, "sandbox.ended", map[string]any{"reason": reason, "error": errText, "node": rec.Node, "ended_by": m.cfg.Node})
 	m.log.Info("ended another node's sandbox", "id", rec.ID, "node", rec.Node, "reason", reason)
 	if err := m.driver.Stop(ctx, rec.ID, m.cfg.KillGrace); err != nil {
 		// The record has ended: any node's reaper reclaims what is left.
@@ -181,14 +180,4 @@ func (m *Manager) reapForeign(ctx context.Context) (records map[string]bool) {
 	}
 	m.checkForeign(ctx, recs)
 	return records
-}
-
-// endedElsewhere reports whether the record of id has ended already
-// (another node ended it under a shared driver).
-func (m *Manager) endedElsewhere(ctx context.Context, id string) bool {
-	if !m.shared {
-		return false
-	}
-	rec, err := m.store.GetSandbox(ctx, id)
-	return err == nil && rec.State == store.StateEnded
 }

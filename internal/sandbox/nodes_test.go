@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -54,8 +55,17 @@ type node struct {
 	d   runtime.Driver
 	al  *audit.Log
 	m   *sandbox.Manager
+	// wrap, when set, wraps the node's audit log (a test seam).
+	wrap func(*audit.Log) recorder
 	// stopped: stop was called since the last open.
 	stopped bool
+}
+
+// recorder is what a Manager needs of its audit log (*audit.Log).
+type recorder interface {
+	Record(sandbox, kind string, data any)
+	RecordBy(ctx context.Context, sandbox, kind string, data any)
+	RecordSandboxEnd(ctx context.Context, end *store.SandboxEnd, kind string, data any) (bool, error)
 }
 
 func startNode(t *testing.T, st *store.Store, reg *registry.Registry, d runtime.Driver, id string, mod func(*sandbox.Config)) *node {
@@ -79,6 +89,9 @@ func (n *node) open() {
 	n.t.Helper()
 	n.al = audit.New(n.st, nil, nil)
 	n.cfg.Audit = n.al
+	if n.wrap != nil {
+		n.cfg.Audit = n.wrap(n.al)
+	}
 	n.cfg.Admission = testConfig(n.t).Admission
 	n.stopped = false
 	n.m = sandbox.New(n.cfg, n.st, n.d, n.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -384,4 +397,127 @@ func TestNodesSharedRuntime(t *testing.T) {
 			t.Fatalf("a sandbox of node a that is neither expired nor lost was ended: %+v", got)
 		}
 	})
+}
+
+// endRace is a node's audit log that runs race once, just before the
+// node records the end of sandbox id: another node's kill landing while
+// the owner ends the sandbox (after its stop, before its record).
+type endRace struct {
+	*audit.Log
+	id   string
+	once sync.Once
+	race func()
+}
+
+func (r *endRace) RecordBy(ctx context.Context, sandbox, kind string, data any) {
+	if kind == "sandbox.ended" && sandbox == r.id {
+		r.once.Do(r.race)
+	}
+	r.Log.RecordBy(ctx, sandbox, kind, data)
+}
+
+func (r *endRace) RecordSandboxEnd(ctx context.Context, end *store.SandboxEnd, kind string, data any) (bool, error) {
+	if end.ID == r.id {
+		r.once.Do(r.race)
+	}
+	return r.Log.RecordSandboxEnd(ctx, end, kind, data)
+}
+
+// TestOneEndEventWhateverTheRace: under a shared runtime, the owner's own
+// end of a sandbox (a kill through it, its TTL, the watchdog's runaway
+// kill) and a kill through another node racing it record one end and
+// exactly one sandbox.ended event, whose reason is the record's, on both
+// backends. Defends against the owner checking that the record had not
+// ended, the other node's kill ending it (with its event) in between,
+// and the owner then recording a second event, with a reason the record
+// does not have (the audit log then says the sandbox ended twice). The
+// other node's kill is made to land in exactly that window; then both
+// nodes kill sandboxes at once.
+func TestOneEndEventWhateverTheRace(t *testing.T) {
+	eachStore(t, func(t *testing.T, st *store.Store, reg *registry.Registry) {
+		ctx := context.Background()
+		d := &sharedDriver{Driver: runtimetest.New()}
+		b := startNode(t, st, reg, d, "node-b", nil)
+		for _, tc := range []struct {
+			name string
+			req  sandbox.CreateRequest
+			end  func(a *node, id string) // the owner's own end (nil: its TTL)
+		}{
+			{"kill", sandbox.CreateRequest{}, func(a *node, id string) { _, _ = a.m.Kill(ctx, id) }},
+			{"ttl", sandbox.CreateRequest{Timeout: ptr[int64](1)}, nil},
+			{"runaway", sandbox.CreateRequest{}, func(a *node, id string) { a.m.OnRunaway(id) }},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				race := &endRace{}
+				a := startNode(t, st, reg, d, "node-a-"+tc.name, nil)
+				a.wrap = func(l *audit.Log) recorder { race.Log = l; return race }
+				a.stop()
+				a.open()
+				sb, err := a.m.Create(ctx, tc.req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				raced := make(chan error, 1)
+				race.id = sb.ID
+				race.race = func() {
+					_, err := b.m.Kill(ctx, sb.ID)
+					raced <- err
+				}
+				if tc.end != nil {
+					tc.end(a, sb.ID)
+				}
+				select {
+				case err := <-raced:
+					if err != nil {
+						t.Fatalf("the kill through node b: %v", err)
+					}
+				case <-time.After(time.Minute):
+					t.Fatal("node a never recorded the sandbox's end")
+				}
+				eventually(t, "node a forgets the sandbox", func() bool { return !a.m.Running(sb.ID) })
+				a.al.Sync()
+				b.al.Sync()
+				got := rec(t, st, sb.ID)
+				evs, err := st.ListEvents(ctx, store.EventFilter{SandboxID: sb.ID, Kind: "sandbox.ended"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(evs) != 1 {
+					t.Fatalf("%d sandbox.ended events for one end (%s), want 1: %v", len(evs), got.EndReason, eventData(evs))
+				}
+				var data struct{ Reason string }
+				if err := json.Unmarshal(evs[0].Data, &data); err != nil || got.State != store.StateEnded || data.Reason != got.EndReason {
+					t.Fatalf("the record ended %q (%s), its event says %q (%v)", got.EndReason, got.State, data.Reason, err)
+				}
+				if d.Alive(sb.ID) {
+					t.Fatal("the sandbox still runs")
+				}
+			})
+		}
+		t.Run("at once", func(t *testing.T) {
+			a := startNode(t, st, reg, d, "node-a", nil)
+			for range 5 {
+				sb := createOn(t, a.m)
+				var wg sync.WaitGroup
+				for _, n := range []*node{a, b} {
+					wg.Go(func() { _, _ = n.m.Kill(ctx, sb.ID) })
+				}
+				wg.Wait()
+				eventually(t, "node a forgets the sandbox", func() bool { return !a.m.Running(sb.ID) })
+				a.al.Sync()
+				b.al.Sync()
+				if n := endedEvents(t, st, sb.ID); n != 1 {
+					t.Fatalf("%d sandbox.ended events for a sandbox killed through both nodes at once, want 1", n)
+				}
+			}
+		})
+	})
+}
+
+func eventData(evs []*store.Event) []string {
+	out := make([]string, len(evs))
+	for i, ev := range evs {
+		out[i] = string(ev.Data)
+	}
+	return out
 }

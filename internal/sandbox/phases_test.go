@@ -7,12 +7,26 @@ import (
 
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
 )
 
-// events keeps the audit events a Manager records.
+// events keeps the audit events a Manager records. A sandbox's end it
+// writes to the harness's store (useStore), keeping its event only if
+// that end ended the record, as the audit log does.
 type events struct {
 	mu   sync.Mutex
 	data map[string][]any // by kind
+	st   *store.Store
+}
+
+func (e *events) useStore(st *store.Store) { e.st = st }
+
+func (e *events) RecordSandboxEnd(ctx context.Context, end *store.SandboxEnd, kind string, data any) (bool, error) {
+	ok, err := e.st.EndSandboxFirst(ctx, end.ID, end.Reason, end.Error, end.At)
+	if ok {
+		e.Record(end.ID, kind, data)
+	}
+	return ok, err
 }
 
 func (e *events) Record(_, kind string, data any) {

@@ -34,3 +34,17 @@ func eachBackend(t *testing.T, f func(t *testing.T, b backend)) {
 		t.Run(b.name, func(t *testing.T) { f(t, b) })
 	}
 }
+
+// eachStore runs f as a subtest on a new, empty store of each backend,
+// closed when the subtest ends.
+func eachStore(t *testing.T, f func(t *testing.T, s *Store)) {
+	t.Helper()
+	eachBackend(t, func(t *testing.T, b backend) {
+		s, err := Open(b.addr(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		f(t, s)
+	})
+}

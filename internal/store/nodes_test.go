@@ -19,13 +19,8 @@ import (
 //     one that ended it (EndSandboxFirst), and the first end's reason is
 //     kept.
 func TestSandboxNode(t *testing.T) {
-	eachBackend(t, func(t *testing.T, bk backend) {
+	eachStore(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
-		s, err := Open(bk.addr(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
 		now := time.Now().UTC().Truncate(time.Millisecond)
 		for id, node := range map[string]string{"a1": "node-a", "a2": "node-a", "b1": "node-b", "old1": "", "old2": ""} {
 			if err := s.InsertSandbox(ctx, &Sandbox{ID: id, Node: node, Template: "base", Runtime: "runc", Tier: "light",
@@ -99,4 +94,73 @@ func TestSandboxNode(t *testing.T) {
 			t.Fatalf("end of a missing record: %v, %v", ok, err)
 		}
 	})
+}
+
+// TestSandboxEndWithEvent: of several ends of one record appended at once
+// with their events (Event.EndsSandbox), on both backends, exactly one
+// ends the record (Ended), only its event is stored, and its reason is
+// the record's; an end of a record that has ended already stores
+// nothing, and the events of the batch around it are stored as usual.
+// Defends against two control planes ending one sandbox at once (its
+// owner's TTL, another's kill) both storing a sandbox.ended event while
+// the record has one end.
+func TestSandboxEndWithEvent(t *testing.T) {
+	eachStore(t, func(t *testing.T, s *Store) {
+		ctx := context.Background()
+		now := time.Now().UTC().Truncate(time.Millisecond)
+		if err := s.InsertSandbox(ctx, &Sandbox{ID: "sb", Node: "node-a", Template: "base", Runtime: "runc", Tier: "light",
+			State: StateRunning, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		reasons := []string{"killed", "ttl", "cpu_runaway", "orphaned", "killed", "ttl"}
+		ends := make([]*SandboxEnd, len(reasons))
+		var wg sync.WaitGroup
+		for i, r := range reasons {
+			ends[i] = &SandboxEnd{ID: "sb", Reason: r, At: now}
+			wg.Go(func() {
+				ev := &Event{SandboxID: "sb", Kind: "sandbox.ended", Data: []byte(`{"reason":"` + r + `"}`), EndsSandbox: ends[i]}
+				if err := s.AppendEvents(ctx, []*Event{ev}); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		rec, err := s.GetSandbox(ctx, "sb")
+		if err != nil || rec.State != StateEnded {
+			t.Fatalf("sb after the ends: %+v, %v", rec, err)
+		}
+		n, winner := 0, ""
+		for _, e := range ends {
+			if e.Ended {
+				n, winner = n+1, e.Reason
+			}
+		}
+		evs, err := s.ListEvents(ctx, EventFilter{SandboxID: "sb"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 || winner != rec.EndReason || len(evs) != 1 || string(evs[0].Data) != `{"reason":"`+rec.EndReason+`"}` {
+			t.Fatalf("%d ends counted, events %v; want 1 and one event with the record's reason %q", n, eventData(evs), rec.EndReason)
+		}
+		late := &SandboxEnd{ID: "sb", Reason: "error", At: now}
+		batch := []*Event{{SandboxID: "sb", Kind: "before"}, {SandboxID: "sb", Kind: "sandbox.ended", EndsSandbox: late}, {SandboxID: "sb", Kind: "after"}}
+		if err := s.AppendEvents(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+		evs, _ = s.ListEvents(ctx, EventFilter{SandboxID: "sb"})
+		if late.Ended || len(evs) != 3 || evs[1].Kind != "before" || evs[2].Kind != "after" || batch[1].ID != 0 {
+			t.Fatalf("an end of an ended record: ended %v, events %d; want no end and only the batch's other events", late.Ended, len(evs))
+		}
+		if rec, _ := s.GetSandbox(ctx, "sb"); rec.EndReason != winner {
+			t.Fatalf("a late end changed the record: %+v", rec)
+		}
+	})
+}
+
+func eventData(evs []*Event) []string {
+	out := make([]string, len(evs))
+	for i, ev := range evs {
+		out[i] = string(ev.Data)
+	}
+	return out
 }

@@ -103,13 +103,8 @@ func TestEventRetention(t *testing.T) {
 // TestPruneCommands: command records of ended commands go by age and by
 // count, oldest first; a command still running is kept whatever its age.
 func TestPruneCommands(t *testing.T) {
-	eachBackend(t, func(t *testing.T, bk backend) {
+	eachStore(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
-		s, err := Open(bk.addr(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
 		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		var ids []int64
 		for i := 0; i < 10; i++ {

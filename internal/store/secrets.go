@@ -122,6 +122,13 @@ type Event struct {
 	// Store.EndCommand) written in the transaction that appends the
 	// event: the end record and the event commit together or not at all.
 	EndsCommand *Command `json:"-"`
+	// EndsSandbox, when set, is a sandbox's end record written in the
+	// transaction that appends the event, before it: the event is stored
+	// only if this end ended the record (EndsSandbox.Ended), so that of
+	// several ends of one sandbox racing (an owner's TTL and another
+	// control plane's kill) exactly one stores its event, and a reader
+	// who sees the record ended finds that event.
+	EndsSandbox *SandboxEnd `json:"-"`
 }
 
 // AppendEvent stores ev (ID and, when zero, At and TaskID are set; see
@@ -262,6 +269,15 @@ func appendEvents(ctx context.Context, tx *tx, evs []*Event) error {
 	owners := map[string]owner{}     // sandbox id -> its task and team, for this batch
 	taskTeams := map[string]string{} // task id -> its team, for this batch
 	for _, ev := range evs {
+		if e := ev.EndsSandbox; e != nil {
+			if err := endSandbox(ctx, tx, e); err != nil {
+				return err
+			}
+			if !e.Ended {
+				ev.ID = 0
+				continue // another end counted: its event stands alone
+			}
+		}
 		if ev.SandboxID != "" {
 			o, ok := owners[ev.SandboxID]
 			if !ok {

@@ -12,13 +12,8 @@ import (
 )
 
 func TestSecretsCRUD(t *testing.T) {
-	eachBackend(t, func(t *testing.T, bk backend) {
+	eachStore(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
-		s, err := Open(bk.addr(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
 		if err := s.PutSecret(ctx, &Secret{Name: "github", Hosts: []string{"api.github.com"}, Header: "Authorization", Value: "Bearer one"}); err != nil {
 			t.Fatal(err)
 		}
@@ -249,13 +244,8 @@ func TestDatabaseFileIsPrivate(t *testing.T) {
 // sandbox gets the sandbox's task when it is stored; a task named by the
 // caller is kept; an event of no sandbox stays without a task.
 func TestEventsTakeTheSandboxTask(t *testing.T) {
-	eachBackend(t, func(t *testing.T, bk backend) {
+	eachStore(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
-		s, err := Open(bk.addr(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
 		now := time.Now()
 		for id, task := range map[string]string{"sb-task": "task-1", "sb-none": ""} {
 			if err := s.InsertSandbox(ctx, &Sandbox{ID: id, Template: "base", Runtime: "runc", Tier: "default",
@@ -304,19 +294,15 @@ func TestEventsTakeTheSandboxTask(t *testing.T) {
 // (GET /v1/events/stream without a cursor): 0 on an empty log, then the
 // id of the newest event, on each backend.
 func TestLastEventID(t *testing.T) {
-	eachBackend(t, func(t *testing.T, bk backend) {
+	eachStore(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
-		s, err := Open(bk.addr(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
 		if id, err := s.LastEventID(ctx); err != nil || id != 0 {
 			t.Fatalf("empty log: %d %v", id, err)
 		}
 		var last int64
 		for i := range 3 {
 			ev := &Event{Kind: "test.event", Data: []byte(`{"i":` + string(rune('0'+i)) + `}`)}
+			var err error
 			if last, err = s.AppendEvent(ctx, ev); err != nil {
 				t.Fatal(err)
 			}

@@ -420,18 +420,42 @@ func (s *Store) EndSandbox(ctx context.Context, id, reason, errText string, at t
 // EndSandboxFirst is EndSandbox that reports whether this call ended
 // the record (false: it had ended already, or there is none), so that
 // of two control planes ending one sandbox at once exactly one records
-// the end.
+// the end. An end that has an audit event is written with it instead
+// (Event.EndsSandbox), so that the event is stored only with the end
+// that counts.
 func (s *Store) EndSandboxFirst(ctx context.Context, id, reason, errText string, at time.Time) (bool, error) {
-	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state=?, ended_at=?, end_reason=?, error=?
-		WHERE id=? AND state<>?`, StateEnded, ms(at), reason, errText, id, StateEnded)
+	e := &SandboxEnd{ID: id, Reason: reason, Error: errText, At: at}
+	if err := endSandbox(ctx, s.db, e); err != nil {
+		return false, err
+	}
+	return e.Ended, nil
+}
+
+// SandboxEnd is a sandbox's end record: it ends the record if it has not
+// ended yet, and says whether it did (Ended, set by the write).
+type SandboxEnd struct {
+	ID, Reason, Error string
+	At                time.Time
+	// Ended is set when the end is written: true if this write ended the
+	// record, false if it had ended already or there is none.
+	Ended bool
+}
+
+// endSandbox writes e with the one conditional update that decides,
+// between ends racing on any number of control planes, which end counts
+// (the first; the record keeps its reason).
+func endSandbox(ctx context.Context, x execer, e *SandboxEnd) error {
+	r, err := x.ExecContext(ctx, `UPDATE sandboxes SET state=?, ended_at=?, end_reason=?, error=?
+		WHERE id=? AND state<>?`, StateEnded, ms(e.At), e.Reason, e.Error, e.ID, StateEnded)
 	if err != nil {
-		return false, fmt.Errorf("end sandbox %s: %w", id, err)
+		return fmt.Errorf("end sandbox %s: %w", e.ID, err)
 	}
 	n, err := r.RowsAffected()
 	if err != nil {
-		return false, fmt.Errorf("end sandbox %s: %w", id, err)
+		return fmt.Errorf("end sandbox %s: %w", e.ID, err)
 	}
-	return n == 1, nil
+	e.Ended = n == 1
+	return nil
 }
 
 // AssignUnowned gives node every sandbox record that names no node

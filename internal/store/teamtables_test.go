@@ -94,13 +94,8 @@ func TestTeamTablesMigrateFromOldLayout(t *testing.T) {
 // ?team=all). A name looked up in every team that two teams use is
 // ErrAmbiguous, never one of them at random.
 func TestSameNamesInTwoTeams(t *testing.T) {
-	eachBackend(t, func(t *testing.T, bk backend) {
+	eachStore(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
-		s, err := Open(bk.addr(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
 		now := time.Now()
 		for _, v := range []*Volume{{ID: "vola", Team: "team-a", Name: "data"}, {ID: "volb", Team: "team-b", Name: "data"}} {
 			v.SizeMB, v.Token, v.CreatedAt = 16, "tok-"+v.ID, now

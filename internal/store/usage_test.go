@@ -13,13 +13,8 @@ import (
 // are in no report, amounts added to one sandbox and minute accumulate,
 // and PruneUsage deletes only the minutes before its bound.
 func TestUsageReportLivesAndPrune(t *testing.T) {
-	eachBackend(t, func(t *testing.T, bk backend) {
+	eachStore(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
-		s, err := Open(bk.addr(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
 		t0 := time.Date(2026, 5, 6, 7, 0, 0, 0, time.UTC)
 		for _, sb := range []struct {
 			id         string
