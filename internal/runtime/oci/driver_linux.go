@@ -681,7 +681,7 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	}
 	rt := d.runtimeOf(id)
 	rc := d.binary(rt)
-	// runc's cgroup v1 freeze gives up ("unable to freeze") after a few
+	// runc's cgroup v1 freeze gives up (freezeGaveUp) after a few
 	// hundred milliseconds of FREEZING and thaws the sandbox back, while
 	// a busy sandbox throttled at its CPU quota on a loaded host reaches
 	// the freezer only once its quota refills: such a pause is retried,
@@ -693,7 +693,7 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 		if err == nil {
 			break
 		}
-		if !strings.Contains(err.Error(), "unable to freeze") || time.Now().After(deadline) || ctx.Err() != nil {
+		if !freezeGaveUp(err) || time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("%s pause %s: %w", rc.Command, id, err)
 		}
 	}
@@ -701,6 +701,23 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 		return d.freezeGVisor(ctx, id)
 	}
 	return nil
+}
+
+// runcFreezeGaveUp is runc's message when its cgroup v1 freeze stayed
+// FREEZING through all its tries and it thawed the cgroup back
+// (libcontainer/cgroups/fs/freezer.go). The retry in Pause must match the
+// message, a string: runc gives no other signal of that case (it exits 1,
+// as for every error, and leaves the freezer THAWED, as a pause never
+// tried). TestRuncFreezeWording fails when the runc in use no longer
+// says it, so that a runc upgrade that rewords it cannot silently turn
+// the retry off.
+const runcFreezeGaveUp = "unable to freeze"
+
+// freezeGaveUp reports whether a runc pause failed because runc's freezer
+// gave up on a sandbox that did not freeze in time (runcFreezeGaveUp):
+// go-runc's error carries what runc wrote to stderr.
+func freezeGaveUp(err error) bool {
+	return err != nil && strings.Contains(err.Error(), runcFreezeGaveUp)
 }
 
 // Resume thaws a paused sandbox.
