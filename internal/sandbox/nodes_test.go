@@ -16,6 +16,7 @@ import (
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/runtime/runtimetest"
 	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/sandbox/sandboxtest"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/store/pgtest"
 	"github.com/corralhq/corral/internal/template/registry"
@@ -281,43 +282,23 @@ func TestNodesSharedRuntime(t *testing.T) {
 		d.mu.Lock()
 		d.gate = gate
 		d.mu.Unlock()
-		type result struct {
-			sb  *store.Sandbox
-			err error
-		}
-		res := make(chan result, 1)
-		go func() {
-			sb, err := a.m.Create(ctx, sandbox.CreateRequest{})
-			res <- result{sb, err}
-		}()
-		var inflight *store.Sandbox
-		deadline := time.Now().Add(time.Minute)
-		for inflight == nil {
-			recs, _ := st.ListSandboxes(ctx, store.SandboxFilter{Node: "node-a", States: []string{store.StateRunning}})
-			if len(recs) == 1 {
-				inflight = recs[0]
-			} else if time.Now().After(deadline) {
-				t.Fatal("the create's record never appeared")
-			} else {
-				time.Sleep(10 * time.Millisecond)
-			}
-		}
+		inflight := sandboxtest.CreateInFlight(t, a.m, st, "node-a")
 		b := startNode(t, st, reg, d, "node-b", nil)
 		b.m.Reap(ctx)
-		if r := rec(t, st, inflight.ID); r.State != store.StateRunning {
+		if r := rec(t, st, inflight.Record.ID); r.State != store.StateRunning {
 			t.Fatalf("node b ended node a's create in flight: %+v", r)
 		}
 		d.mu.Lock()
 		d.gate = nil
 		d.mu.Unlock()
 		close(gate)
-		r := <-res
-		if r.err != nil {
-			t.Fatalf("the create in flight failed: %v", r.err)
+		created, err := inflight.Wait()
+		if err != nil {
+			t.Fatalf("the create in flight failed: %v", err)
 		}
 		b.m.Reap(ctx)
-		if got := rec(t, st, r.sb.ID); got.State != store.StateRunning || !d.Alive(r.sb.ID) || !a.m.Running(r.sb.ID) {
-			t.Fatalf("after b's reaper: %+v, alive %v", got, d.Alive(r.sb.ID))
+		if got := rec(t, st, created.ID); got.State != store.StateRunning || !d.Alive(created.ID) || !a.m.Running(created.ID) {
+			t.Fatalf("after b's reaper: %+v, alive %v", got, d.Alive(created.ID))
 		}
 
 		// A create that inserts its record and starts its sandbox between
@@ -393,7 +374,7 @@ func TestNodesSharedRuntime(t *testing.T) {
 		if got := rec(t, st, lost.ID); got.EndReason != sandbox.EndOrphaned {
 			t.Fatalf("lost sandbox of a gone node: %+v", got)
 		}
-		if got := rec(t, st, r.sb.ID); got.State != store.StateRunning {
+		if got := rec(t, st, created.ID); got.State != store.StateRunning {
 			t.Fatalf("a sandbox of node a that is neither expired nor lost was ended: %+v", got)
 		}
 	})

@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -30,8 +29,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
 	"github.com/corralhq/corral/internal/audit"
@@ -666,31 +665,16 @@ func TestClusterEgress(t *testing.T) {
 func TestEgressRBAC(t *testing.T) {
 	c := testCluster(t)
 	applyManifest(t, c, "namespace.yaml")
-	b, err := os.ReadFile("../../../deploy/kubernetes/egress.yaml")
-	if err != nil {
-		t.Fatal(err)
+	// Every object decodes; the proxy's account and its rules are made.
+	var account []k8sruntime.Object
+	for _, obj := range manifestObjects(t, "egress.yaml") {
+		switch obj.(type) {
+		case *corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding:
+			account = append(account, obj)
+		}
 	}
+	createObjects(t, c, "egress.yaml", account)
 	ctx := context.Background()
-	for _, doc := range bytes.Split(b, []byte("\n---")) {
-		if len(bytes.TrimSpace(doc)) == 0 {
-			continue
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			t.Fatalf("egress.yaml: %v", err)
-		}
-		switch o := obj.(type) {
-		case *corev1.ServiceAccount:
-			_, err = c.client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			_, err = c.client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			_, err = c.client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		}
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("egress.yaml: create %T: %v", obj, err)
-		}
-	}
 	tok, err := c.client.CoreV1().ServiceAccounts("corral").CreateToken(ctx, "corral-egress", &authv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -12,20 +12,21 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 )
 
-// applyManifest creates the objects of a deploy/kubernetes file (the
-// kinds the RBAC test needs) as the cluster admin.
-func applyManifest(t *testing.T, c *cluster, file string) {
+// manifestObjects decodes every object of a deploy/kubernetes file; one
+// that does not decode fails the test.
+func manifestObjects(t *testing.T, file string) []k8sruntime.Object {
 	t.Helper()
 	b, err := os.ReadFile("../../../deploy/kubernetes/" + file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
+	var objs []k8sruntime.Object
 	for _, doc := range bytes.Split(b, []byte("\n---")) {
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
@@ -34,6 +35,19 @@ func applyManifest(t *testing.T, c *cluster, file string) {
 		if err != nil {
 			t.Fatalf("%s: %v", file, err)
 		}
+		objs = append(objs, obj)
+	}
+	return objs
+}
+
+// createObjects creates objs of a deploy/kubernetes file (the kinds the
+// RBAC tests need) as the cluster admin; one that exists already is
+// kept, a kind it cannot create fails the test.
+func createObjects(t *testing.T, c *cluster, file string, objs []k8sruntime.Object) {
+	t.Helper()
+	ctx := context.Background()
+	for _, obj := range objs {
+		var err error
 		switch o := obj.(type) {
 		case *corev1.Namespace:
 			_, err = c.client.CoreV1().Namespaces().Create(ctx, o, metav1.CreateOptions{})
@@ -50,6 +64,13 @@ func applyManifest(t *testing.T, c *cluster, file string) {
 			t.Fatalf("%s: create %T: %v", file, obj, err)
 		}
 	}
+}
+
+// applyManifest creates every object of a deploy/kubernetes file
+// (createObjects).
+func applyManifest(t *testing.T, c *cluster, file string) {
+	t.Helper()
+	createObjects(t, c, file, manifestObjects(t, file))
 }
 
 // TestRBAC: the driver works with exactly the rules of

@@ -24,6 +24,7 @@ import (
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/sandbox/sandboxtest"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/store/pgtest"
 	"github.com/corralhq/corral/internal/template/registry/registrytest"
@@ -216,57 +217,37 @@ func TestReplicaCreateInFlight(t *testing.T) {
 	gate := make(chan struct{})
 	a := startReplica(t, c, ns, ag, url, "replica-a", nil, func(d *Driver) runtime.Driver { return &gatedDriver{Driver: d, gate: gate} })
 	ctx := context.Background()
-	type result struct {
-		sb  *store.Sandbox
-		err error
-	}
-	res := make(chan result, 1)
-	go func() {
-		sb, err := a.m.Create(ctx, sandbox.CreateRequest{})
-		res <- result{sb, err}
-	}()
-	var inflight *store.Sandbox
-	deadline := time.Now().Add(time.Minute)
-	for inflight == nil {
-		recs, _ := a.st.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StateRunning}})
-		if len(recs) == 1 {
-			inflight = recs[0]
-		} else if time.Now().After(deadline) {
-			t.Fatal("the create's record never appeared")
-		} else {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	inflight := sandboxtest.CreateInFlight(t, a.m, a.st, "replica-a")
 	b := startReplica(t, c, ns, ag, url, "replica-b", nil, nil)
 	b.m.Reap(ctx)
-	if rec := waitRecord(t, b.st, inflight.ID, store.StateRunning); rec.Node != "replica-a" {
+	if rec := waitRecord(t, b.st, inflight.Record.ID, store.StateRunning); rec.Node != "replica-a" {
 		t.Fatalf("the record in flight: %+v", rec)
 	}
 	close(gate)
-	r := <-res
-	if r.err != nil {
-		t.Fatalf("the create in flight: %v", r.err)
+	created, err := inflight.Wait()
+	if err != nil {
+		t.Fatalf("the create in flight: %v", err)
 	}
 	b.m.Reap(ctx)
-	if rec, _ := b.st.GetSandbox(ctx, r.sb.ID); rec.State != store.StateRunning {
+	if rec, _ := b.st.GetSandbox(ctx, created.ID); rec.State != store.StateRunning {
 		t.Fatalf("after the other replica's reaper: %+v", rec)
 	}
-	if err := agentList(a.kd, r.sb.ID, r.sb.AccessToken); err != nil {
+	if err := agentList(a.kd, created.ID, created.AccessToken); err != nil {
 		t.Fatalf("the sandbox's agent: %v", err)
 	}
-	if b.m.Running(r.sb.ID) {
+	if b.m.Running(created.ID) {
 		t.Fatal("replica b adopted replica a's sandbox")
 	}
 
-	if _, err := b.m.Kill(ctx, r.sb.ID); err != nil {
+	if _, err := b.m.Kill(ctx, created.ID); err != nil {
 		t.Fatalf("kill through replica b: %v", err)
 	}
-	c.waitPodsGone(t, ns, LabelSandbox+"="+r.sb.ID)
-	if rec := waitRecord(t, a.st, r.sb.ID, store.StateEnded); rec.EndReason != sandbox.EndKilled {
+	c.waitPodsGone(t, ns, LabelSandbox+"="+created.ID)
+	if rec := waitRecord(t, a.st, created.ID, store.StateEnded); rec.EndReason != sandbox.EndKilled {
 		t.Fatalf("killed through replica b: %+v", rec)
 	}
-	deadline = time.Now().Add(time.Minute)
-	for a.m.Running(r.sb.ID) {
+	deadline := time.Now().Add(time.Minute)
+	for a.m.Running(created.ID) {
 		if time.Now().After(deadline) {
 			t.Fatal("replica a still holds the sandbox replica b killed")
 		}
@@ -274,7 +255,7 @@ func TestReplicaCreateInFlight(t *testing.T) {
 	}
 	a.al.Sync()
 	b.al.Sync()
-	evs, err := a.st.ListEvents(ctx, store.EventFilter{SandboxID: r.sb.ID, Kind: "sandbox.ended"})
+	evs, err := a.st.ListEvents(ctx, store.EventFilter{SandboxID: created.ID, Kind: "sandbox.ended"})
 	if err != nil || len(evs) != 1 {
 		t.Fatalf("sandbox.ended events of the sandbox killed through replica b: %d, %v; want 1", len(evs), err)
 	}
