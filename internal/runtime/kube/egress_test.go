@@ -24,14 +24,11 @@ import (
 
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
-	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/egress"
@@ -675,16 +672,7 @@ func TestEgressRBAC(t *testing.T) {
 	}
 	createObjects(t, c, "egress.yaml", account)
 	ctx := context.Background()
-	tok, err := c.client.CoreV1().ServiceAccounts("corral").CreateToken(ctx, "corral-egress", &authv1.TokenRequest{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := rest.CopyConfig(c.config)
-	rc.BearerToken = tok.Status.Token
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := clientAs(t, c, "corral-egress")
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	const ns = "corral-sandboxes"

@@ -66,6 +66,23 @@ func createObjects(t *testing.T, c *cluster, file string, objs []k8sruntime.Obje
 	}
 }
 
+// clientAs is a client of c that acts as the service account of
+// namespace corral (deploy/kubernetes), with a token of its own.
+func clientAs(t *testing.T, c *cluster, account string) *kubernetes.Clientset {
+	t.Helper()
+	tok, err := c.client.CoreV1().ServiceAccounts("corral").CreateToken(context.Background(), account, &authv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := rest.CopyConfig(c.config)
+	rc.BearerToken = tok.Status.Token
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}
+
 // applyManifest creates every object of a deploy/kubernetes file
 // (createObjects).
 func applyManifest(t *testing.T, c *cluster, file string) {
@@ -89,16 +106,7 @@ func TestRBAC(t *testing.T) {
 		zero := int64(0)
 		_ = c.client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
 	})
-	tok, err := c.client.CoreV1().ServiceAccounts("corral").CreateToken(ctx, "corral", &authv1.TokenRequest{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := rest.CopyConfig(c.config)
-	rc.BearerToken = tok.Status.Token
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := clientAs(t, c, "corral")
 	// More than it needs is refused: the account cannot read Secrets.
 	if _, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("the control plane's account lists Secrets: %v; want forbidden", err)
