@@ -94,7 +94,10 @@ func classify(err error) apiFailure {
 	var rconflict *registry.ConflictError
 	var kinv *store.InvalidKeyError
 	var other *sandbox.OtherNodeError
+	var param *ParamError
 	switch {
+	case errors.As(err, &param):
+		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: param.Error()}
 	case errors.Is(err, errForbiddenTeam), errors.Is(err, errAdminOnly):
 		return apiFailure{status: http.StatusForbidden, code: CodeForbidden, msg: err.Error()}
 	case errors.As(err, &trip):
