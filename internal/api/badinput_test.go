@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -303,5 +304,57 @@ func TestE2BUnsupportedNot500(t *testing.T) {
 	var got sandboxView
 	if st := e.call("GET", "/v1/sandboxes/"+sb.ID, apiKey, nil, &got); st != 200 || got.State != "running" {
 		t.Fatalf("after refused pauses: %d %+v", st, got)
+	}
+}
+
+// TestKeyQuotaRefusalIsCapacity defends against a known capacity
+// condition answered as a server fault: with the kernel's per-user key
+// quota lowered after the server started (below what TestKeyQuotaNotRaised
+// capped admission at), runc fails the create with "unable to create
+// session key: disk quota exceeded", which reached both APIs as 500
+// internal. The fake driver fails Start with runc's error text, through
+// the real Manager and error mapping: the native create is 429
+// capacity_exceeded naming kernel.keys.maxkeys with Retry-After, E2B's
+// create the same in E2B's shape, and no sandbox is left.
+func TestKeyQuotaRefusalIsCapacity(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 10)
+	e.d.OnStart(func(runtime.Config) error {
+		return errors.New(`runc run: exit status 1: time="2026-12-02T07:00:00Z" level=error msg="runc run failed: unable to start container process: ` +
+			`error during container init: unable to join session keyring: unable to create session key: disk quota exceeded"`)
+	})
+	for _, c := range []struct {
+		path string
+		code any
+	}{{"/v1/sandboxes", api.CodeCapacityExceeded}, {"/sandboxes", float64(http.StatusTooManyRequests)}} {
+		body := map[string]any{}
+		if c.path == "/sandboxes" {
+			body = map[string]any{"templateID": "base"}
+		}
+		req, _ := json.Marshal(body)
+		hreq, _ := http.NewRequest("POST", e.srv.URL+c.path, strings.NewReader(string(req)))
+		hreq.Header.Set("X-API-Key", apiKey)
+		hreq.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(hreq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ae struct {
+			Code    any    `json:"code"`
+			Message string `json:"message"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&ae)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests || ae.Code != c.code || !strings.Contains(ae.Message, "kernel.keys.maxkeys") ||
+			resp.Header.Get("Retry-After") == "" {
+			t.Errorf("POST %s: %d %v %q Retry-After %q, want 429 %v naming kernel.keys.maxkeys", c.path, resp.StatusCode, ae.Code, ae.Message,
+				resp.Header.Get("Retry-After"), c.code)
+		}
+	}
+	var list struct {
+		Sandboxes []sandboxView `json:"sandboxes"`
+	}
+	if st := e.call("GET", "/v1/sandboxes", apiKey, nil, &list); st != 200 || len(list.Sandboxes) != 0 || e.d.Starts() != 0 {
+		t.Fatalf("after refused creates: %d %+v, driver holds %d", st, list.Sandboxes, e.d.Starts())
 	}
 }
