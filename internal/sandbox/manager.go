@@ -8,7 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
+
 	"log/slog"
 	"net"
 	"regexp"
@@ -490,12 +490,7 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 	if tv.Version == "" {
 		rec.TemplateVersion = ""
 	}
-	// Template content: looked up inside the template's root, so that a
-	// link to a host file cannot turn no_new_privs off.
-	sudo, sudoErr := inroot.StatMode(rootfs, "/usr/bin/sudo")
-	if sudoErr == nil && !sudo.IsRegular() {
-		sudoErr = fs.ErrNotExist
-	}
+	noNewPrivs, user := templatePrivileges(tv)
 	// Every process sees that it runs in a sandbox (E2B_SANDBOX as envd
 	// sets it, so code written for E2B detects it too); the caller's env
 	// wins over these.
@@ -513,8 +508,8 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 			Pids: res.Pids, Nofile: res.Nofile,
 		},
 		Env:             env,
-		NoNewPrivileges: sudoErr != nil,
-		DefaultUser:     firstNonEmpty(tv.Config.User, "user"),
+		NoNewPrivileges: noNewPrivs,
+		DefaultUser:     user,
 		AccessToken:     rec.AccessToken,
 		Template:        rec.Template,
 		Team:            rec.Team,
