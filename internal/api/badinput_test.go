@@ -85,7 +85,9 @@ func (e *env) do(c badCase) (int, []byte) {
 // slash, a NUL, a newline or 5000 characters, JSON of the wrong type,
 // numbers out of range, unknown fields, and query parameters that are
 // unknown (native routes), repeated, out of range, malformed or carry
-// control characters get the refusal of the table — its status and
+// control characters, JSON objects that name a key twice, metadata keys
+// and values and agent names with control characters, and env values
+// with a NUL get the refusal of the table — its status and
 // stable code, a message naming the parameter — and change nothing the
 // admin key can read (checked after every request).
 func TestBadInputRefused(t *testing.T) {
@@ -97,6 +99,10 @@ func TestBadInputRefused(t *testing.T) {
 	}
 	if st := e.call("POST", "/v1/tasks", apiKey, map[string]any{"agent": "a", "max_calls": 5}, &task); st != http.StatusCreated {
 		t.Fatalf("task: %d", st)
+	}
+	var tsb sandboxView // a sandbox of the task, for tool calls
+	if st := e.call("POST", "/v1/sandboxes", apiKey, map[string]any{"task": task.ID}, &tsb); st != http.StatusCreated {
+		t.Fatalf("task's sandbox: %d", st)
 	}
 	long := strings.Repeat("x", 5000)
 	badIDs := []string{"a%2Fb", "a%00b", "a%0Ab", long, "%2E%2E"}
@@ -134,6 +140,7 @@ func TestBadInputRefused(t *testing.T) {
 	body := func(method, path, body string, status int, code string) badCase {
 		return badCase{method: method, path: path, body: body, status: status, code: code}
 	}
+	withMsg := func(c badCase, msg string) badCase { c.msg = msg; return c }
 	// query parameters: the message names the parameter
 	query := func(method, path string, status int, code, msg string, hdr ...string) badCase {
 		return badCase{method: method, path: path, hdr: hdr, status: status, code: code, msg: msg}
@@ -167,6 +174,26 @@ func TestBadInputRefused(t *testing.T) {
 		body("PUT", "/v1/pools/base", `{"min":"x"}`, bad, js),
 		body("POST", "/sandboxes", `{"templateID":5}`, bad, e2bShape), body("POST", "/sandboxes", `{"timeout":4294967296}`, bad, e2bShape),
 		body("POST", "/sandboxes", `{"timeout":-1}`, bad, e2bShape),
+
+		// a key given twice (at any depth), control characters in
+		// metadata and agent names, a NUL in an env value
+		withMsg(body("POST", "/v1/sandboxes", `{"timeout":5,"timeout":6}`, bad, js), "timeout"),
+		withMsg(body("POST", "/v1/sandboxes", `{"metadata":{"a":"1","a":"2"}}`, bad, js), "metadata.a"),
+		withMsg(body("POST", "/v1/tasks", `{"max_calls":1,"max_calls":2}`, bad, js), "max_calls"),
+		withMsg(body("POST", "/v1/tools/call", `{"task":"`+task.ID+`","sandbox":"`+tsb.ID+`","name":"run_command","arguments":{"command":"x","command":"y"}}`, bad, js),
+			"arguments.command"),
+		withMsg(body("POST", "/sandboxes", `{"templateID":"base","timeout":1,"timeout":2}`, bad, e2bShape), "timeout"),
+		withMsg(body("POST", "/sandboxes", `{"templateID":"base","metadata":{"a":"1","a":"2"}}`, bad, e2bShape), "metadata.a"),
+		withMsg(body("POST", "/v1/sandboxes", `{"metadata":{"a\u0000":"b"}}`, bad, inv), "metadata"),
+		withMsg(body("POST", "/v1/sandboxes", `{"metadata":{"a":"b\u0000"}}`, bad, inv), "metadata"),
+		withMsg(body("POST", "/v1/sandboxes", `{"metadata":{"a\n":"b"}}`, bad, inv), "metadata"),
+		withMsg(body("POST", "/v1/sandboxes", `{"metadata":{"a":"\u001b[2J"}}`, bad, inv), "metadata"),
+		withMsg(body("POST", "/sandboxes", `{"templateID":"base","metadata":{"a\u0000":"b"}}`, bad, e2bShape), "metadata"),
+		withMsg(body("POST", "/v1/sandboxes", `{"env":{"A":"b\u0000c"}}`, bad, inv), "NUL"),
+		withMsg(body("POST", "/sandboxes", `{"templateID":"base","envVars":{"A":"\u0000"}}`, bad, e2bShape), "NUL"),
+		withMsg(body("POST", "/v1/sandboxes", `{"agent":"a\u0000b"}`, bad, inv), "agent"),
+		withMsg(body("POST", "/v1/sandboxes", `{"agent":"a\nb"}`, bad, inv), "agent"),
+		withMsg(body("POST", "/v1/tasks", `{"agent":"a\u0000b"}`, bad, inv), "agent"),
 
 		// native query parameters: a value out of range or malformed
 		query("GET", "/v1/sandboxes?state=x", bad, inv, "state"),

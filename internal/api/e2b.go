@@ -176,8 +176,8 @@ type e2bNewSandbox struct {
 	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
 }
 
-// e2bBody decodes a bounded JSON body, tolerating unknown fields (the SDK
-// adds fields over time) and an empty body.
+// e2bBody decodes a bounded JSON body by the rule of parseJSON, tolerating
+// unknown fields (the SDK adds fields over time) and an empty body.
 func e2bBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	r.Body = http.MaxBytesReader(w, r.Body, MaxJSONBody)
 	data, err := io.ReadAll(r.Body)
@@ -188,7 +188,7 @@ func e2bBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	if len(strings.TrimSpace(string(data))) == 0 {
 		return true
 	}
-	if err := json.Unmarshal(data, v); err != nil {
+	if err := parseJSON(data, v, false); err != nil {
 		e2bError(w, http.StatusBadRequest, "invalid JSON body: "+strings.TrimPrefix(err.Error(), "json: "))
 		return false
 	}

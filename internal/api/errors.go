@@ -191,17 +191,13 @@ func (s *Server) writeFailure(w http.ResponseWriter, r *http.Request, f apiFailu
 	writeError(w, f.status, f.code, f.msg)
 }
 
-// decodeJSON reads a bounded JSON body into v, refusing unknown fields
-// and trailing data. It writes the error response itself and returns false.
+// decodeJSON reads a bounded JSON body into v by the rule of parseJSON,
+// strict: unknown fields, keys given twice and trailing data are
+// refused. It writes the error response itself and returns false.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	r.Body = http.MaxBytesReader(w, r.Body, MaxJSONBody)
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
 	if err == nil {
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("unexpected data after the JSON object")
-		}
+		err = parseJSON(data, v, true)
 	}
 	if err == nil {
 		return true

@@ -118,11 +118,12 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 // TemplateSpec; the answer streams JSON Lines: {"log": "..."} per line of
 // progress, then {"template": {...}} or {"error": {"code", "message"}}.
 func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, registry.MaxSpecFileBytes*2)
 	var spec registry.Spec
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&spec); err != nil {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, registry.MaxSpecFileBytes*2))
+	if err == nil {
+		err = parseJSON(data, &spec, true)
+	}
+	if err != nil {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "invalid spec: "+err.Error())
 		return
 	}
