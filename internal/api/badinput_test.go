@@ -87,7 +87,8 @@ func (e *env) do(c badCase) (int, []byte) {
 // unknown (native routes), repeated, out of range, malformed or carry
 // control characters, JSON objects that name a key twice, metadata keys
 // and values and agent names with control characters, and env values
-// with a NUL get the refusal of the table — its status and
+// with a NUL, MCP messages naming a key twice or over the body bound get
+// the refusal of the table — its status and
 // stable code, a message naming the parameter — and change nothing the
 // admin key can read (checked after every request).
 func TestBadInputRefused(t *testing.T) {
@@ -141,6 +142,7 @@ func TestBadInputRefused(t *testing.T) {
 		return badCase{method: method, path: path, body: body, status: status, code: code}
 	}
 	withMsg := func(c badCase, msg string) badCase { c.msg = msg; return c }
+	mcpHdr := []string{"Accept", "application/json, text/event-stream"}
 	// query parameters: the message names the parameter
 	query := func(method, path string, status int, code, msg string, hdr ...string) badCase {
 		return badCase{method: method, path: path, hdr: hdr, status: status, code: code, msg: msg}
@@ -194,6 +196,14 @@ func TestBadInputRefused(t *testing.T) {
 		withMsg(body("POST", "/v1/sandboxes", `{"agent":"a\u0000b"}`, bad, inv), "agent"),
 		withMsg(body("POST", "/v1/sandboxes", `{"agent":"a\nb"}`, bad, inv), "agent"),
 		withMsg(body("POST", "/v1/tasks", `{"agent":"a\u0000b"}`, bad, inv), "agent"),
+
+		// MCP: a message whose object names a key twice, a body over
+		// the bound (the SDK's: it answered in plain text)
+		badCase{method: "POST", path: "/mcp", hdr: mcpHdr, status: bad, code: js, msg: "protocolVersion",
+			body: `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`},
+		badCase{method: "POST", path: "/mcp", hdr: mcpHdr, status: http.StatusRequestEntityTooLarge, code: api.CodeBodyTooLarge, msg: "exceeds",
+			body: `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"` +
+				strings.Repeat("x", api.MaxMCPBody) + `","version":"1"}}}`},
 
 		// native query parameters: a value out of range or malformed
 		query("GET", "/v1/sandboxes?state=x", bad, inv, "state"),

@@ -22,8 +22,8 @@ func parseJSON(data []byte, v any, strict bool) error {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return io.EOF
 	}
-	if key, err := duplicateKey(data); err == nil && key != "" {
-		return fmt.Errorf("key %q is given twice in one object", key)
+	if err := noDuplicateKeys(data); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if strict {
@@ -34,6 +34,15 @@ func parseJSON(data []byte, v any, strict bool) error {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return errors.New("unexpected data after the JSON value")
+	}
+	return nil
+}
+
+// noDuplicateKeys refuses data when an object in it names a key twice
+// (duplicateKey); a syntax error is left to the decoder.
+func noDuplicateKeys(data []byte) error {
+	if key, err := duplicateKey(data); err == nil && key != "" {
+		return fmt.Errorf("key %q is given twice in one object", key)
 	}
 	return nil
 }
