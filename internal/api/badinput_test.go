@@ -169,6 +169,9 @@ func TestBadInputRefused(t *testing.T) {
 		body("POST", tk+"/tokens", `{"tokens":-1}`, bad, inv), body("POST", tk+"/tokens", `{"tokens":9223372036854775807}`, bad, inv),
 		body("PUT", "/v1/secrets/S1", `{"hosts":["a"],"value":""}`, bad, inv), body("PUT", "/v1/secrets/S1", `{"hosts":5}`, bad, js),
 		body("PUT", "/v1/secrets/a%2Fb", `{}`, bad, inv),
+		withMsg(body("PUT", "/v1/secrets/S1", `{"hosts":["api.example.com"],"header":"Author\u0000ization","value":"12345678"}`, bad, inv), "header"),
+		withMsg(body("PUT", "/v1/secrets/S1", `{"hosts":["api.example.com"],"header":"X(y)","value":"12345678"}`, bad, inv), "header"),
+		withMsg(body("PUT", "/v1/secrets/S1", `{"hosts":["api.example.com"],"header":"Authorizätion","value":"12345678"}`, bad, inv), "header"),
 		body("POST", "/v1/keys", `{"role":"god"}`, bad, inv), body("POST", "/v1/keys", `{"team":"a/b"}`, bad, inv),
 		body("POST", "/v1/keys", `{"name":5}`, bad, js),
 		body("PUT", "/v1/teams/alpha/quota", `{"max_sandboxes":-1}`, bad, inv), body("PUT", "/v1/teams/alpha/quota", `{"max_cpus":"x"}`, bad, inv),
@@ -257,6 +260,9 @@ func TestBadInputRefused(t *testing.T) {
 		query("GET", "/snapshots?limit=1001", bad, e2bShape, "limit"), query("GET", "/snapshots?nextToken=nope", bad, e2bShape, "nextToken"),
 		query("GET", "/sandboxes/"+sb.ID+"/metrics?start=-1", bad, e2bShape, "start"),
 		query("GET", "/sandboxes/"+sb.ID+"/metrics?end=x", bad, e2bShape, "end"),
+		query("GET", "/sandboxes/"+sb.ID+"/metrics?start=5&end=1", bad, e2bShape, "start"),
+		// a template spec that cannot be built: refused before the stream
+		withMsg(body("POST", "/v1/templates/builds", `{"name":"a\u0000","version":"1"}`, bad, inv), "template name"),
 	)
 	before := e.stateOf()
 	for _, c := range cases {

@@ -415,6 +415,9 @@ func (s *Server) e2bMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	if v, ok := p.integer("end", 0, 0, maxUnixSeconds); ok {
 		to = time.Unix(v, 0).Add(time.Second)
+		if !from.IsZero() && !from.Before(to) {
+			p.refuse("start", "must not be after end")
+		}
 	}
 	if err := p.err(); err != nil {
 		s.e2bWriteErr(w, r, err)

@@ -154,7 +154,7 @@ func checkSecret(hosts []string, header, value string) string {
 			return "hosts: " + strconv.Quote(h) + " is not a host name or *.suffix pattern"
 		}
 	}
-	if header == "" || len(header) > maxSecretHeader || strings.ContainsAny(header, " :\r\n\t") {
+	if header == "" || len(header) > maxSecretHeader || !headerToken(header) {
 		return "header: give an HTTP header name such as Authorization"
 	}
 	if len(value) < egress.MinSecretLen || len(value) > maxSecretValue {
@@ -164,6 +164,21 @@ func checkSecret(hosts []string, header, value string) string {
 		return "value: must not contain line breaks or NUL"
 	}
 	return ""
+}
+
+// headerToken reports whether name is an HTTP field name (RFC 9110 token:
+// letters, digits and !#$%&'*+-.^_`|~). It defends against a secret's
+// header with a NUL, a space or a separator, which the egress proxy would
+// write into requests as it is (a header another server splits or
+// reads differently), or refuse at every use instead of once here.
+func headerToken(name string) bool {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 func secretOut(sec *store.Secret) secretView {

@@ -133,6 +133,12 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	spec.Team = team
+	// A spec that cannot be built is refused before the stream starts
+	// (400 invalid_argument, not a 200 stream that carries the error).
+	if err := spec.Check(); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
 	w.Header().Set("Content-Type", "application/jsonl")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
