@@ -122,6 +122,9 @@ type routeFamily struct {
 	unauthenticated func(w http.ResponseWriter)
 	// failed answers a store that could not check the key.
 	failed func(s *Server, w http.ResponseWriter, r *http.Request, err error)
+	// strictParams refuses query parameters the route does not read
+	// (checkParams); without it they are ignored.
+	strictParams bool
 }
 
 // nativeRoutes are /v1 and /metrics: corral's {"code","message"} with
@@ -130,11 +133,13 @@ var nativeRoutes = routeFamily{
 	unauthenticated: func(w http.ResponseWriter) {
 		writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "missing or invalid API key (X-API-Key or Authorization: Bearer)")
 	},
-	failed: func(s *Server, w http.ResponseWriter, r *http.Request, err error) { s.writeErr(w, r, err) },
+	failed:       func(s *Server, w http.ResponseWriter, r *http.Request, err error) { s.writeErr(w, r, err) },
+	strictParams: true,
 }
 
 // e2bRoutes are E2B's control-plane routes: E2B's {"code": <status>,
-// "message"} (the SDK turns a 401 into its AuthenticationError).
+// "message"} (the SDK turns a 401 into its AuthenticationError). Unknown
+// query parameters are ignored, as E2B's API ignores them.
 var e2bRoutes = routeFamily{
 	unauthenticated: func(w http.ResponseWriter) { e2bError(w, http.StatusUnauthorized, "Invalid API key") },
 	failed:          func(s *Server, w http.ResponseWriter, r *http.Request, err error) { s.e2bWriteErr(w, r, err) },
@@ -152,6 +157,10 @@ func (s *Server) authenticate(f routeFamily, h http.HandlerFunc) http.Handler {
 			f.unauthenticated(w)
 			return
 		case err != nil:
+			f.failed(s, w, r, err)
+			return
+		}
+		if err := checkParams(r, f.strictParams); err != nil {
 			f.failed(s, w, r, err)
 			return
 		}

@@ -2,11 +2,14 @@ package api_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/corralhq/corral/internal/api"
 	"github.com/corralhq/corral/internal/runtime"
@@ -34,11 +37,60 @@ func (e *env) stateOf() string {
 	return b.String()
 }
 
+// badCase is one request TestBadInputRefused sends, with the refusal it
+// must get: the status, and the code (for the E2B routes, e2bShape: the
+// code is the status number, E2B's shape); msg, when set, is a part of
+// the message (the parameter or field it names).
+type badCase struct {
+	method, path, body string
+	hdr                []string
+	status             int
+	code, msg          string
+}
+
+// e2bShape marks a badCase answered in E2B's {"code": <status>} shape.
+const e2bShape = "e2b"
+
+// do sends c with the admin key, bounded by a generous deadline (a
+// request that is not refused but served, an event stream say, fails
+// instead of hanging the test); it returns the status and the body.
+func (e *env) do(c badCase) (int, []byte) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var rd io.Reader
+	if c.body != "" {
+		rd = strings.NewReader(c.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, c.method, e.srv.URL+c.path, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(c.hdr); i += 2 {
+		req.Header.Set(c.hdr[i], c.hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, body
+}
+
 // TestBadInputRefused defends against bad input answered as a server
-// fault or acted upon: per route family, ids with an encoded slash, a
-// NUL, a newline or 5000 characters, JSON of the wrong type, numbers out
-// of range and unknown fields get a 4xx with a stable code (never 500
-// internal) and change nothing the admin key can read.
+// fault, ignored, or acted upon: per route family, ids with an encoded
+// slash, a NUL, a newline or 5000 characters, JSON of the wrong type,
+// numbers out of range, unknown fields, and query parameters that are
+// unknown (native routes), repeated, out of range, malformed or carry
+// control characters, JSON objects that name a key twice, metadata keys
+// and values and agent names with control characters, and env values
+// with a NUL, MCP messages naming a key twice or over the body bound get
+// the refusal of the table — its status and
+// stable code, a message naming the parameter — and change nothing the
+// admin key can read (checked after every request).
 func TestBadInputRefused(t *testing.T) {
 	t.Parallel()
 	e := newTeamEnv(t)
@@ -49,86 +101,211 @@ func TestBadInputRefused(t *testing.T) {
 	if st := e.call("POST", "/v1/tasks", apiKey, map[string]any{"agent": "a", "max_calls": 5}, &task); st != http.StatusCreated {
 		t.Fatalf("task: %d", st)
 	}
+	var tsb sandboxView // a sandbox of the task, for tool calls
+	if st := e.call("POST", "/v1/sandboxes", apiKey, map[string]any{"task": task.ID}, &tsb); st != http.StatusCreated {
+		t.Fatalf("task's sandbox: %d", st)
+	}
 	long := strings.Repeat("x", 5000)
 	badIDs := []string{"a%2Fb", "a%00b", "a%0Ab", long, "%2E%2E"}
-	stable := map[string]bool{api.CodeInvalidJSON: true, api.CodeInvalidArgument: true, api.CodeNotFound: true,
-		api.CodeConflict: true, api.CodeBodyTooLarge: true, api.CodeForbidden: true}
-	type req struct{ method, path, body string }
-	var cases []req
+	const (
+		inv, js, nf = api.CodeInvalidArgument, api.CodeInvalidJSON, api.CodeNotFound
+		bad         = http.StatusBadRequest
+	)
+	var cases []badCase
 	for _, id := range badIDs {
-		for _, r := range []req{
-			{"GET", "/v1/sandboxes/{}", ""}, {"DELETE", "/v1/sandboxes/{}", ""}, {"POST", "/v1/sandboxes/{}/timeout", `{"timeout":60}`},
-			{"POST", "/v1/sandboxes/{}/exec", `{"command":"echo"}`}, {"POST", "/v1/sandboxes/{}/pause", ""},
-			{"GET", "/v1/sandboxes/{}/metrics", ""}, {"PUT", "/v1/sandboxes/{}/network", `{"allow":[]}`},
-			{"POST", "/v1/sandboxes/{}/snapshots", `{}`}, {"POST", "/v1/sandboxes/{}/fork", `{}`},
-			{"GET", "/v1/snapshots/{}", ""}, {"DELETE", "/v1/snapshots/{}", ""},
-			{"GET", "/v1/tasks/{}", ""}, {"PATCH", "/v1/tasks/{}", `{"max_calls":9}`}, {"DELETE", "/v1/tasks/{}", ""},
-			{"POST", "/v1/tasks/{}/tokens", `{"tokens":1}`},
-			{"PUT", "/v1/secrets/{}", `{"hosts":["api.example.com"],"value":"v"}`}, {"DELETE", "/v1/secrets/{}", ""},
-			{"DELETE", "/v1/keys/{}", ""}, {"GET", "/v1/teams/{}/quota", ""}, {"PUT", "/v1/teams/{}/quota", `{"max_sandboxes":1}`},
-			{"GET", "/v1/templates/{}", ""}, {"DELETE", "/v1/templates/{}", ""}, {"POST", "/v1/templates/{}/current", `{}`},
-			{"PUT", "/v1/pools/{}", `{"min":0,"max":1}`}, {"DELETE", "/v1/pools/{}", ""},
-			{"GET", "/sandboxes/{}", ""}, {"DELETE", "/sandboxes/{}", ""}, {"POST", "/sandboxes/{}/timeout", `{"timeout":60}`},
-			{"POST", "/sandboxes/{}/pause", ""}, {"POST", "/sandboxes/{}/resume", `{}`}, {"POST", "/sandboxes/{}/connect", `{"timeout":60}`},
+		for _, r := range []badCase{
+			{"GET", "/v1/sandboxes/{}", "", nil, 404, nf, ""}, {"DELETE", "/v1/sandboxes/{}", "", nil, 404, nf, ""},
+			{"POST", "/v1/sandboxes/{}/timeout", `{"timeout":60}`, nil, 404, nf, ""},
+			{"POST", "/v1/sandboxes/{}/exec", `{"command":"echo"}`, nil, 404, nf, ""}, {"POST", "/v1/sandboxes/{}/pause", "", nil, 404, nf, ""},
+			{"GET", "/v1/sandboxes/{}/metrics", "", nil, 404, nf, ""}, {"PUT", "/v1/sandboxes/{}/network", `{"allow":[]}`, nil, 404, nf, ""},
+			{"POST", "/v1/sandboxes/{}/snapshots", `{}`, nil, 404, nf, ""}, {"POST", "/v1/sandboxes/{}/fork", `{}`, nil, 404, nf, ""},
+			{"GET", "/v1/snapshots/{}", "", nil, 404, nf, ""}, {"DELETE", "/v1/snapshots/{}", "", nil, 404, nf, ""},
+			{"GET", "/v1/tasks/{}", "", nil, 404, nf, ""}, {"PATCH", "/v1/tasks/{}", `{"max_calls":9}`, nil, 404, nf, ""},
+			{"DELETE", "/v1/tasks/{}", "", nil, 404, nf, ""}, {"POST", "/v1/tasks/{}/tokens", `{"tokens":1}`, nil, 404, nf, ""},
+			{"PUT", "/v1/secrets/{}", `{"hosts":["api.example.com"],"value":"v"}`, nil, bad, inv, ""}, {"DELETE", "/v1/secrets/{}", "", nil, 404, nf, ""},
+			{"DELETE", "/v1/keys/{}", "", nil, 404, nf, ""}, {"GET", "/v1/teams/{}/quota", "", nil, bad, inv, ""},
+			{"PUT", "/v1/teams/{}/quota", `{"max_sandboxes":1}`, nil, bad, inv, ""},
+			{"GET", "/v1/templates/{}", "", nil, 404, nf, ""}, {"DELETE", "/v1/templates/{}", "", nil, 404, nf, ""},
+			{"POST", "/v1/templates/{}/current", `{}`, nil, 404, nf, ""},
+			{"PUT", "/v1/pools/{}", `{"min":0,"max":1}`, nil, bad, inv, ""}, {"DELETE", "/v1/pools/{}", "", nil, bad, inv, ""},
+			{"GET", "/sandboxes/{}", "", nil, 404, e2bShape, ""}, {"DELETE", "/sandboxes/{}", "", nil, 404, e2bShape, ""},
+			{"POST", "/sandboxes/{}/timeout", `{"timeout":60}`, nil, 404, e2bShape, ""},
+			{"POST", "/sandboxes/{}/pause", "", nil, 404, e2bShape, ""}, {"POST", "/sandboxes/{}/resume", `{}`, nil, 404, e2bShape, ""},
+			{"POST", "/sandboxes/{}/connect", `{"timeout":60}`, nil, 404, e2bShape, ""},
 		} {
-			cases = append(cases, req{r.method, strings.ReplaceAll(r.path, "{}", id), r.body})
+			r.path = strings.ReplaceAll(r.path, "{}", id)
+			cases = append(cases, r)
 		}
 	}
 	s, tk := "/v1/sandboxes/"+sb.ID, "/v1/tasks/"+task.ID
+	body := func(method, path, body string, status int, code string) badCase {
+		return badCase{method: method, path: path, body: body, status: status, code: code}
+	}
+	withMsg := func(c badCase, msg string) badCase { c.msg = msg; return c }
+	mcpHdr := []string{"Accept", "application/json, text/event-stream"}
+	// query parameters: the message names the parameter
+	query := func(method, path string, status int, code, msg string, hdr ...string) badCase {
+		return badCase{method: method, path: path, hdr: hdr, status: status, code: code, msg: msg}
+	}
 	cases = append(cases,
 		// wrong JSON types, out-of-range numbers, unknown fields
-		req{"POST", "/v1/sandboxes", `{"template":5}`}, req{"POST", "/v1/sandboxes", `{"timeout":"x"}`},
-		req{"POST", "/v1/sandboxes", `{"timeout":1e300}`}, req{"POST", "/v1/sandboxes", `{"timeout":-1}`},
-		req{"POST", "/v1/sandboxes", `{"resources":{"memory_mb":-5}}`}, req{"POST", "/v1/sandboxes", `{"resources":{"cpu":1e308}}`},
-		req{"POST", "/v1/sandboxes", `{"metadata":{"a":5}}`}, req{"POST", "/v1/sandboxes", `{"nope":1}`}, req{"POST", "/v1/sandboxes", `[]`},
-		req{"POST", "/v1/sandboxes", `{"template":"a\u0000b"}`}, req{"POST", "/v1/sandboxes", `{"template":"` + long + `"}`},
-		req{"POST", s + "/timeout", `{"timeout":-1}`}, req{"POST", s + "/timeout", `{"timeout":1e300}`}, req{"POST", s + "/timeout", `{"timeout":"x"}`},
-		req{"POST", s + "/exec", `{"command":5}`}, req{"POST", s + "/exec", `{"command":"echo","timeout":-1}`}, req{"POST", s + "/exec", `{"nope":1}`},
-		req{"PUT", s + "/network", `{"allow":[""]}`}, req{"PUT", s + "/network", `{"allow":5}`}, req{"PUT", s + "/network", `{"mode":"x"}`},
-		req{"POST", s + "/snapshots", `{"name":5}`}, req{"POST", s + "/snapshots", `{"name":"` + long + `"}`},
-		req{"GET", "/v1/sandboxes?state=x", ""},
-		req{"POST", "/v1/tasks", `{"max_calls":-1}`}, req{"POST", "/v1/tasks", `{"max_calls":1e30}`}, req{"POST", "/v1/tasks", `{"agent":5}`},
-		req{"POST", "/v1/tasks", `{"on_trip":"x"}`}, req{"POST", "/v1/tasks", `{"nope":1}`},
-		req{"PATCH", tk, `{"max_calls":-1}`}, req{"PATCH", tk, `{"max_calls":"x"}`}, req{"POST", tk + "/tokens", `{"tokens":-1}`},
-		req{"POST", tk + "/tokens", `{"tokens":9223372036854775807}`},
-		req{"GET", "/v1/tasks?state=x", ""},
-		req{"PUT", "/v1/secrets/S1", `{"hosts":["a"],"value":""}`}, req{"PUT", "/v1/secrets/S1", `{"hosts":5}`}, req{"PUT", "/v1/secrets/a%2Fb", `{}`},
-		req{"POST", "/v1/keys", `{"role":"god"}`}, req{"POST", "/v1/keys", `{"team":"a/b"}`}, req{"POST", "/v1/keys", `{"name":5}`},
-		req{"PUT", "/v1/teams/alpha/quota", `{"max_sandboxes":-1}`}, req{"PUT", "/v1/teams/alpha/quota", `{"max_cpus":"x"}`},
-		req{"PUT", "/v1/pools/base", `{"min":-1,"max":-1}`}, req{"PUT", "/v1/pools/base", `{"min":5,"max":1}`}, req{"PUT", "/v1/pools/base", `{"min":"x"}`},
-		req{"GET", "/v1/audit?limit=-1", ""}, req{"GET", "/v1/audit?limit=99999999999999999999", ""}, req{"GET", "/v1/audit?since=x", ""},
-		req{"GET", "/v1/usage?by=x", ""}, req{"GET", "/v1/usage?since=9999-99", ""},
-		req{"GET", s + "/metrics?since=x", ""},
-		req{"POST", "/sandboxes", `{"templateID":5}`}, req{"POST", "/sandboxes", `{"timeout":4294967296}`}, req{"POST", "/sandboxes", `{"timeout":-1}`},
-		req{"GET", "/v2/sandboxes?limit=-1", ""},
+		body("POST", "/v1/sandboxes", `{"template":5}`, bad, js), body("POST", "/v1/sandboxes", `{"timeout":"x"}`, bad, js),
+		body("POST", "/v1/sandboxes", `{"timeout":1e300}`, bad, js), body("POST", "/v1/sandboxes", `{"timeout":-1}`, bad, inv),
+		body("POST", "/v1/sandboxes", `{"resources":{"memory_mb":-5}}`, bad, inv), body("POST", "/v1/sandboxes", `{"resources":{"cpu":1e308}}`, bad, inv),
+		body("POST", "/v1/sandboxes", `{"metadata":{"a":5}}`, bad, js), body("POST", "/v1/sandboxes", `{"nope":1}`, bad, js),
+		body("POST", "/v1/sandboxes", `[]`, bad, js),
+		body("POST", "/v1/sandboxes", `{"template":"a\u0000b"}`, bad, inv), body("POST", "/v1/sandboxes", `{"template":"`+long+`"}`, bad, inv),
+		body("POST", s+"/timeout", `{"timeout":-1}`, bad, inv), body("POST", s+"/timeout", `{"timeout":1e300}`, bad, js),
+		body("POST", s+"/timeout", `{"timeout":"x"}`, bad, js),
+		body("POST", s+"/exec", `{"command":5}`, bad, js), body("POST", s+"/exec", `{"command":"echo","timeout":-1}`, bad, inv),
+		body("POST", s+"/exec", `{"nope":1}`, bad, js),
+		body("PUT", s+"/network", `{"allow":[""]}`, bad, inv), body("PUT", s+"/network", `{"allow":5}`, bad, js),
+		body("PUT", s+"/network", `{"mode":"x"}`, bad, inv),
+		body("POST", s+"/snapshots", `{"name":5}`, bad, js), body("POST", s+"/snapshots", `{"name":"`+long+`"}`, bad, inv),
+		body("POST", "/v1/tasks", `{"max_calls":-1}`, bad, inv), body("POST", "/v1/tasks", `{"max_calls":1e30}`, bad, js),
+		body("POST", "/v1/tasks", `{"agent":5}`, bad, js),
+		body("POST", "/v1/tasks", `{"on_trip":"x"}`, bad, inv), body("POST", "/v1/tasks", `{"nope":1}`, bad, js),
+		body("PATCH", tk, `{"max_calls":-1}`, bad, inv), body("PATCH", tk, `{"max_calls":"x"}`, bad, js),
+		body("POST", tk+"/tokens", `{"tokens":-1}`, bad, inv), body("POST", tk+"/tokens", `{"tokens":9223372036854775807}`, bad, inv),
+		body("PUT", "/v1/secrets/S1", `{"hosts":["a"],"value":""}`, bad, inv), body("PUT", "/v1/secrets/S1", `{"hosts":5}`, bad, js),
+		body("PUT", "/v1/secrets/a%2Fb", `{}`, bad, inv),
+		withMsg(body("PUT", "/v1/secrets/S1", `{"hosts":["api.example.com"],"header":"Author\u0000ization","value":"12345678"}`, bad, inv), "header"),
+		withMsg(body("PUT", "/v1/secrets/S1", `{"hosts":["api.example.com"],"header":"X(y)","value":"12345678"}`, bad, inv), "header"),
+		withMsg(body("PUT", "/v1/secrets/S1", `{"hosts":["api.example.com"],"header":"Authorizätion","value":"12345678"}`, bad, inv), "header"),
+		body("POST", "/v1/keys", `{"role":"god"}`, bad, inv), body("POST", "/v1/keys", `{"team":"a/b"}`, bad, inv),
+		body("POST", "/v1/keys", `{"name":5}`, bad, js),
+		body("PUT", "/v1/teams/alpha/quota", `{"max_sandboxes":-1}`, bad, inv), body("PUT", "/v1/teams/alpha/quota", `{"max_cpus":"x"}`, bad, inv),
+		body("PUT", "/v1/pools/base", `{"min":-1,"max":-1}`, bad, inv), body("PUT", "/v1/pools/base", `{"min":5,"max":1}`, bad, inv),
+		body("PUT", "/v1/pools/base", `{"min":"x"}`, bad, js),
+		body("POST", "/sandboxes", `{"templateID":5}`, bad, e2bShape), body("POST", "/sandboxes", `{"timeout":4294967296}`, bad, e2bShape),
+		body("POST", "/sandboxes", `{"timeout":-1}`, bad, e2bShape),
+
+		// a key given twice (at any depth), control characters in
+		// metadata and agent names, a NUL in an env value
+		withMsg(body("POST", "/v1/sandboxes", `{"timeout":5,"timeout":6}`, bad, js), "timeout"),
+		withMsg(body("POST", "/v1/sandboxes", `{"metadata":{"a":"1","a":"2"}}`, bad, js), "metadata.a"),
+		withMsg(body("POST", "/v1/tasks", `{"max_calls":1,"max_calls":2}`, bad, js), "max_calls"),
+		withMsg(body("POST", "/v1/tools/call", `{"task":"`+task.ID+`","sandbox":"`+tsb.ID+`","name":"run_command","arguments":{"command":"x","command":"y"}}`, bad, js),
+			"arguments.command"),
+		withMsg(body("POST", "/sandboxes", `{"templateID":"base","timeout":1,"timeout":2}`, bad, e2bShape), "timeout"),
+		withMsg(body("POST", "/sandboxes", `{"templateID":"base","metadata":{"a":"1","a":"2"}}`, bad, e2bShape), "metadata.a"),
+		withMsg(body("POST", "/v1/sandboxes", `{"metadata":{"a\u0000":"b"}}`, bad, inv), "metadata"),
+		withMsg(body("POST", "/v1/sandboxes", `{"metadata":{"a":"b\u0000"}}`, bad, inv), "metadata"),
+		withMsg(body("POST", "/v1/sandboxes", `{"metadata":{"a\n":"b"}}`, bad, inv), "metadata"),
+		withMsg(body("POST", "/v1/sandboxes", `{"metadata":{"a":"\u001b[2J"}}`, bad, inv), "metadata"),
+		withMsg(body("POST", "/sandboxes", `{"templateID":"base","metadata":{"a\u0000":"b"}}`, bad, e2bShape), "metadata"),
+		withMsg(body("POST", "/v1/sandboxes", `{"env":{"A":"b\u0000c"}}`, bad, inv), "NUL"),
+		withMsg(body("POST", "/sandboxes", `{"templateID":"base","envVars":{"A":"\u0000"}}`, bad, e2bShape), "NUL"),
+		withMsg(body("POST", "/v1/sandboxes", `{"agent":"a\u0000b"}`, bad, inv), "agent"),
+		withMsg(body("POST", "/v1/sandboxes", `{"agent":"a\nb"}`, bad, inv), "agent"),
+		withMsg(body("POST", "/v1/tasks", `{"agent":"a\u0000b"}`, bad, inv), "agent"),
+
+		// MCP: a message whose object names a key twice, a body over
+		// the bound (the SDK's: it answered in plain text)
+		badCase{method: "POST", path: "/mcp", hdr: mcpHdr, status: bad, code: js, msg: "protocolVersion",
+			body: `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`},
+		badCase{method: "POST", path: "/mcp", hdr: mcpHdr, status: http.StatusRequestEntityTooLarge, code: api.CodeBodyTooLarge, msg: "exceeds",
+			body: `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"` +
+				strings.Repeat("x", api.MaxMCPBody) + `","version":"1"}}}`},
+
+		// native query parameters: a value out of range or malformed
+		query("GET", "/v1/sandboxes?state=x", bad, inv, "state"),
+		query("GET", "/v1/tasks?state=x", bad, inv, "state"),
+		query("GET", "/v1/audit?limit=-1", bad, inv, "limit"), query("GET", "/v1/audit?limit=0", bad, inv, "limit"),
+		query("GET", "/v1/audit?limit=10001", bad, inv, "1 to 10000"),
+		query("GET", "/v1/audit?limit=99999999999999999999", bad, inv, "limit"), query("GET", "/v1/audit?limit=+5", bad, inv, "limit"),
+		query("GET", "/v1/audit?after=-1", bad, inv, "after"), query("GET", "/v1/audit?after=x", bad, inv, "after"),
+		query("GET", "/v1/audit?since=x", bad, inv, "since"), query("GET", "/v1/audit?until=2026-13-01", bad, inv, "until"),
+		query("GET", "/v1/audit?format=xml", bad, inv, "format"),
+		query("GET", "/v1/events/stream?after=-1", bad, inv, "after"),
+		query("GET", "/v1/events/stream", bad, inv, "Last-Event-ID", "Last-Event-ID", "-1"),
+		query("GET", "/v1/usage?by=x", bad, inv, "by"), query("GET", "/v1/usage?since=9999-99", bad, inv, "since"),
+		query("GET", "/v1/usage?since=-1h", bad, inv, "since"), query("GET", "/v1/usage?until=x", bad, inv, "until"),
+		query("GET", s+"/metrics?since=x", bad, inv, "since"),
+		query("GET", "/v1/templates/base/inspect?top=0", bad, inv, "top"), query("GET", "/v1/templates/base/inspect?top=x", bad, inv, "top"),
+		query("GET", "/v1/tools?format=xml", bad, inv, "format"),
+		query("POST", "/v1/templates/import?ref=a:1&publish=yes", bad, inv, "publish"),
+		// ... repeated, unprintable, over-long, malformed
+		query("GET", "/v1/audit?limit=5&limit=6", bad, inv, "more than once"),
+		query("GET", "/v1/sandboxes?metadata.k=a&metadata.k=b", bad, inv, "more than once"),
+		query("GET", "/v1/audit?kind=a%00b", bad, inv, "control character"),
+		query("GET", "/v1/snapshots?sandbox=a%0Ab", bad, inv, "control character"),
+		query("GET", "/v1/audit?sandbox="+strings.Repeat("x", 2000), bad, inv, "longer than"),
+		query("GET", "/v1/audit?kind=%FF", bad, inv, "UTF-8"),
+		query("GET", "/v1/audit?kind=%zz", bad, inv, "malformed"),
+		query("GET", "/v1/sandboxes?team=a%00b", bad, inv, "team"),
+		// ... unknown to the route (native routes refuse them)
+		query("GET", s+"/commands?limit=-1", bad, inv, "limit"), query("GET", "/v1/sandboxes?status=running", bad, inv, "status"),
+		query("GET", "/v1/sandboxes?metadata.=x", bad, inv, "metadata."), query("GET", "/v1/audit?Limit=5", bad, inv, "Limit"),
+		query("DELETE", s+"?force=1", bad, inv, "force"), query("GET", "/v1/tools?x=1", bad, inv, "x"),
+		query("GET", "/v1/events/stream?nope=1", bad, inv, "nope"), query("POST", "/mcp?x=1", bad, inv, "x"),
+
+		// E2B query parameters: known ones with a bad value (unknown ones
+		// are ignored, TestE2BIgnoresUnknownParams)
+		query("GET", "/v2/sandboxes?limit=-1", bad, e2bShape, "limit"), query("GET", "/v2/sandboxes?limit=101", bad, e2bShape, "limit"),
+		query("GET", "/v2/sandboxes?metadata=x", bad, e2bShape, "metadata"),
+		query("GET", "/v2/sandboxes?metadata=%253Dv", bad, e2bShape, "metadata"),
+		query("GET", "/v2/sandboxes?metadata=k%3Da%26k%3Db", bad, e2bShape, "metadata"),
+		query("GET", "/v2/sandboxes?metadata=k%3Da%2500", bad, e2bShape, "metadata"),
+		query("GET", "/v2/sandboxes?nextToken=abc", bad, e2bShape, "nextToken"),
+		query("GET", "/v2/sandboxes?nextToken=KzE", bad, e2bShape, "nextToken"), // "+1"
+		query("GET", "/v2/sandboxes?nextToken=LTE", bad, e2bShape, "nextToken"), // "-1"
+		query("GET", "/v2/sandboxes?nextToken=MQ%3D%3D", bad, e2bShape, "nextToken"),
+		query("GET", "/v2/sandboxes?state=ended", bad, e2bShape, "state"),
+		query("GET", "/v2/sandboxes?startedAfter=x", bad, e2bShape, "startedAfter"),
+		query("GET", "/v2/sandboxes?order=up", bad, e2bShape, "order"),
+		query("GET", "/v2/sandboxes?limit=1&limit=2", bad, e2bShape, "more than once"),
+		query("GET", "/sandboxes?template=a%00", bad, e2bShape, "template"),
+		query("GET", "/snapshots?limit=-1", bad, e2bShape, "limit"), query("GET", "/snapshots?limit=x", bad, e2bShape, "limit"),
+		query("GET", "/snapshots?limit=1001", bad, e2bShape, "limit"), query("GET", "/snapshots?nextToken=nope", bad, e2bShape, "nextToken"),
+		query("GET", "/sandboxes/"+sb.ID+"/metrics?start=-1", bad, e2bShape, "start"),
+		query("GET", "/sandboxes/"+sb.ID+"/metrics?end=x", bad, e2bShape, "end"),
+		query("GET", "/sandboxes/"+sb.ID+"/metrics?start=5&end=1", bad, e2bShape, "start"),
+		// a template spec that cannot be built: refused before the stream
+		withMsg(body("POST", "/v1/templates/builds", `{"name":"a\u0000","version":"1"}`, bad, inv), "template name"),
 	)
 	before := e.stateOf()
 	for _, c := range cases {
 		name := c.method + " " + c.path[:min(len(c.path), 70)] + " " + c.body[:min(len(c.body), 60)]
+		st, raw := e.do(c)
 		var ae struct {
 			Code    any    `json:"code"`
 			Message string `json:"message"`
 		}
-		var body any
-		if c.body != "" {
-			body = c.body
-		}
-		st := e.call(c.method, c.path, apiKey, body, &ae)
-		if st < 400 || st >= 500 {
-			t.Errorf("%s: %d %+v, want a 4xx refusal", name, st, ae)
+		if err := json.Unmarshal(raw, &ae); err != nil {
+			t.Errorf("%s: %d %q: not a JSON error", name, st, raw)
 			continue
 		}
-		if code, ok := ae.Code.(string); ok && !stable[code] {
-			t.Errorf("%s: %d with code %q, not a stable refusal code", name, st, code)
+		want := any(c.code)
+		if c.code == e2bShape {
+			want = float64(c.status)
 		}
-		if ae.Message == "" {
-			t.Errorf("%s: %d without a message", name, st)
+		if st != c.status || ae.Code != want {
+			t.Errorf("%s: %d %v %q, want %d %v", name, st, ae.Code, ae.Message, c.status, want)
+		}
+		if ae.Message == "" || !strings.Contains(ae.Message, c.msg) {
+			t.Errorf("%s: message %q, want one naming %q", name, ae.Message, c.msg)
+		}
+		if after := e.stateOf(); after != before {
+			t.Fatalf("%s changed state:\nbefore %s\nafter  %s", name, before, after)
 		}
 	}
-	if after := e.stateOf(); after != before {
-		t.Errorf("refused requests changed state:\nbefore %s\nafter  %s", before, after)
+}
+
+// TestE2BIgnoresUnknownParams pins the E2B routes' rule for query
+// parameters they do not read: ignored, as E2B's API ignores them (an
+// SDK newer than corral may send one), while the same on a native route
+// is refused (TestBadInputRefused).
+func TestE2BIgnoresUnknownParams(t *testing.T) {
+	t.Parallel()
+	e := newTeamEnv(t)
+	sb := e.createNative(map[string]any{})
+	for _, p := range []string{"/v2/sandboxes?newFilter=1", "/sandboxes?x=y", "/snapshots?sort=asc", "/sandboxes/" + sb.ID + "?x=1",
+		"/sandboxes/" + sb.ID + "/metrics?step=5"} {
+		if st, body := e.do(badCase{method: "GET", path: p}); st != http.StatusOK {
+			t.Errorf("GET %s: %d %s, want 200", p, st, body)
+		}
 	}
-	_ = context.Background
 }
 
 // unsupportedDriver is the fake driver without pause, resume and
@@ -170,5 +347,57 @@ func TestE2BUnsupportedNot500(t *testing.T) {
 	var got sandboxView
 	if st := e.call("GET", "/v1/sandboxes/"+sb.ID, apiKey, nil, &got); st != 200 || got.State != "running" {
 		t.Fatalf("after refused pauses: %d %+v", st, got)
+	}
+}
+
+// TestKeyQuotaRefusalIsCapacity defends against a known capacity
+// condition answered as a server fault: with the kernel's per-user key
+// quota lowered after the server started (below what TestKeyQuotaNotRaised
+// capped admission at), runc fails the create with "unable to create
+// session key: disk quota exceeded", which reached both APIs as 500
+// internal. The fake driver fails Start with runc's error text, through
+// the real Manager and error mapping: the native create is 429
+// capacity_exceeded naming kernel.keys.maxkeys with Retry-After, E2B's
+// create the same in E2B's shape, and no sandbox is left.
+func TestKeyQuotaRefusalIsCapacity(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 10)
+	e.d.OnStart(func(runtime.Config) error {
+		return errors.New(`runc run: exit status 1: time="2026-12-02T07:00:00Z" level=error msg="runc run failed: unable to start container process: ` +
+			`error during container init: unable to join session keyring: unable to create session key: disk quota exceeded"`)
+	})
+	for _, c := range []struct {
+		path string
+		code any
+	}{{"/v1/sandboxes", api.CodeCapacityExceeded}, {"/sandboxes", float64(http.StatusTooManyRequests)}} {
+		body := map[string]any{}
+		if c.path == "/sandboxes" {
+			body = map[string]any{"templateID": "base"}
+		}
+		req, _ := json.Marshal(body)
+		hreq, _ := http.NewRequest("POST", e.srv.URL+c.path, strings.NewReader(string(req)))
+		hreq.Header.Set("X-API-Key", apiKey)
+		hreq.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(hreq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ae struct {
+			Code    any    `json:"code"`
+			Message string `json:"message"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&ae)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests || ae.Code != c.code || !strings.Contains(ae.Message, "kernel.keys.maxkeys") ||
+			resp.Header.Get("Retry-After") == "" {
+			t.Errorf("POST %s: %d %v %q Retry-After %q, want 429 %v naming kernel.keys.maxkeys", c.path, resp.StatusCode, ae.Code, ae.Message,
+				resp.Header.Get("Retry-After"), c.code)
+		}
+	}
+	var list struct {
+		Sandboxes []sandboxView `json:"sandboxes"`
+	}
+	if st := e.call("GET", "/v1/sandboxes", apiKey, nil, &list); st != 200 || len(list.Sandboxes) != 0 || e.d.Starts() != 0 {
+		t.Fatalf("after refused creates: %d %+v, driver holds %d", st, list.Sandboxes, e.d.Starts())
 	}
 }

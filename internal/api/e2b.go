@@ -2,7 +2,6 @@ package api
 
 import (
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -177,8 +176,8 @@ type e2bNewSandbox struct {
 	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
 }
 
-// e2bBody decodes a bounded JSON body, tolerating unknown fields (the SDK
-// adds fields over time) and an empty body.
+// e2bBody decodes a bounded JSON body by the rule of parseJSON, tolerating
+// unknown fields (the SDK adds fields over time) and an empty body.
 func e2bBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	r.Body = http.MaxBytesReader(w, r.Body, MaxJSONBody)
 	data, err := io.ReadAll(r.Body)
@@ -189,7 +188,7 @@ func e2bBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	if len(strings.TrimSpace(string(data))) == 0 {
 		return true
 	}
-	if err := json.Unmarshal(data, v); err != nil {
+	if err := parseJSON(data, v, false); err != nil {
 		e2bError(w, http.StatusBadRequest, "invalid JSON body: "+strings.TrimPrefix(err.Error(), "json: "))
 		return false
 	}
@@ -409,13 +408,20 @@ func (s *Server) e2bMetrics(w http.ResponseWriter, r *http.Request) {
 	// The watchdog's one-second history, within start..end (unix seconds)
 	// when given; without a range and before the first sample, a reading
 	// taken now.
-	q := r.URL.Query()
+	p := paramsOf(r)
 	var from, to time.Time
-	if v, err := strconv.ParseInt(q.Get("start"), 10, 64); err == nil {
+	if v, ok := p.integer("start", 0, 0, maxUnixSeconds); ok {
 		from = time.Unix(v, 0)
 	}
-	if v, err := strconv.ParseInt(q.Get("end"), 10, 64); err == nil {
+	if v, ok := p.integer("end", 0, 0, maxUnixSeconds); ok {
 		to = time.Unix(v, 0).Add(time.Second)
+		if !from.IsZero() && !from.Before(to) {
+			p.refuse("start", "must not be after end")
+		}
+	}
+	if err := p.err(); err != nil {
+		s.e2bWriteErr(w, r, err)
+		return
 	}
 	if wd := s.mgr.Watchdog(); wd != nil {
 		out := []map[string]any{}
@@ -471,61 +477,36 @@ type cpuSample struct {
 // sandboxes filtered by metadata, state, startedAfter and template,
 // ordered by start time, paginated with X-Next-Token.
 func (s *Server) e2bList(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	match, err := parseE2BMetadata(q.Get("metadata"))
+	p := paramsOf(r)
+	match, err := parseE2BMetadata(p.str("metadata"))
 	if err != nil {
-		e2bError(w, http.StatusBadRequest, "invalid metadata filter: "+err.Error())
+		p.refuse("metadata", "%s", err)
+	}
+	states := p.listOf("state", store.StateRunning, store.StatePaused)
+	if states == nil {
+		states = []string{store.StateRunning, store.StatePaused}
+	}
+	after := p.instant("startedAfter")
+	limit64, _ := p.integer("limit", 100, 1, 100)
+	limit := int(limit64)
+	offset := p.offsetToken("nextToken")
+	tmpl := p.str("template")
+	asc := p.oneOf("order", "desc", "asc", "desc") == "asc"
+	if err := p.err(); err != nil {
+		s.e2bWriteErr(w, r, err)
 		return
-	}
-	states := []string{store.StateRunning, store.StatePaused}
-	if st := q.Get("state"); st != "" {
-		states = nil
-		for _, v := range strings.Split(st, ",") {
-			if v != store.StateRunning && v != store.StatePaused {
-				e2bError(w, http.StatusBadRequest, "state must be running or paused")
-				return
-			}
-			states = append(states, v)
-		}
-	}
-	var after time.Time
-	if v := q.Get("startedAfter"); v != "" {
-		if after, err = time.Parse(time.RFC3339Nano, v); err != nil {
-			e2bError(w, http.StatusBadRequest, "startedAfter must be an RFC 3339 time")
-			return
-		}
-	}
-	limit := 100
-	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 100 {
-			e2bError(w, http.StatusBadRequest, "limit must be 1..100")
-			return
-		}
-	}
-	offset := 0
-	if v := q.Get("nextToken"); v != "" {
-		b, err := base64.RawURLEncoding.DecodeString(v)
-		if err == nil {
-			offset, err = strconv.Atoi(string(b))
-		}
-		if err != nil || offset < 0 {
-			e2bError(w, http.StatusBadRequest, "invalid nextToken")
-			return
-		}
 	}
 	all, err := s.mgr.List(r.Context(), store.SandboxFilter{Team: scopeFrom(r.Context()).filter(), States: states}, match)
 	if err != nil {
 		e2bError(w, http.StatusInternalServerError, "internal error")
 		return
 	}
-	tmpl := q.Get("template")
 	items := make([]*store.Sandbox, 0, len(all))
 	for _, sb := range all {
 		if (tmpl == "" || sb.Template == tmpl) && !sb.CreatedAt.Before(after) && (s.mgr.Running(sb.ID) || s.mgr.Paused(sb.ID)) {
 			items = append(items, sb)
 		}
 	}
-	asc := q.Get("order") == "asc"
 	sort.SliceStable(items, func(i, j int) bool {
 		if asc {
 			return items[i].CreatedAt.Before(items[j].CreatedAt)
@@ -536,7 +517,7 @@ func (s *Server) e2bList(w http.ResponseWriter, r *http.Request) {
 	next := ""
 	if len(page) > limit {
 		page = page[:limit]
-		next = base64.RawURLEncoding.EncodeToString([]byte(strconv.Itoa(offset + limit)))
+		next = offsetTokenOf(offset + limit)
 	}
 	out := make([]e2bDetail, 0, len(page))
 	for _, sb := range page {
@@ -563,12 +544,24 @@ func parseE2BMetadata(raw string) (map[string]string, error) {
 		if pair == "" {
 			continue
 		}
-		k, v, _ := strings.Cut(pair, "=")
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok {
+			return nil, fmt.Errorf("pair %s has no '=': give key=value pairs joined by '&'", got(pair))
+		}
 		if k, err = url.QueryUnescape(k); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("key %s: %w", got(k), err)
 		}
 		if v, err = url.QueryUnescape(v); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("value of %s: %w", got(k), err)
+		}
+		if k == "" {
+			return nil, errors.New("a pair has an empty key")
+		}
+		if msg := badText(k + v); msg != "" {
+			return nil, fmt.Errorf("pair %s: %s", got(k), msg)
+		}
+		if _, dup := out[k]; dup {
+			return nil, fmt.Errorf("key %s given more than once", got(k))
 		}
 		out[k] = v
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/runtime"
@@ -94,7 +95,10 @@ func classify(err error) apiFailure {
 	var rconflict *registry.ConflictError
 	var kinv *store.InvalidKeyError
 	var other *sandbox.OtherNodeError
+	var param *ParamError
 	switch {
+	case errors.As(err, &param):
+		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: param.Error()}
 	case errors.Is(err, errForbiddenTeam), errors.Is(err, errAdminOnly):
 		return apiFailure{status: http.StatusForbidden, code: CodeForbidden, msg: err.Error()}
 	case errors.As(err, &trip):
@@ -140,8 +144,32 @@ func classify(err error) apiFailure {
 		return apiFailure{status: http.StatusNotFound, code: CodeNotFound, msg: "not found (it ended or was deleted during the call)"}
 	case errors.Is(err, sandbox.ErrConflict):
 		return apiFailure{status: http.StatusConflict, code: CodeConflict, msg: "the sandbox's state does not allow this (paused or running already)"}
+	case keyQuotaFull(err):
+		c := &govern.CapacityError{Limit: govern.CapacityGlobal, RetryAfter: keyQuotaRetry, Msg: keyQuotaMsg}
+		return apiFailure{status: http.StatusTooManyRequests, code: CodeCapacityExceeded, msg: c.Msg, capacity: c}
 	}
 	return apiFailure{status: http.StatusInternalServerError, code: CodeInternal, msg: "internal error; see the server log", internalError: true}
+}
+
+// keyQuotaMsg is the refusal of a create that runc failed for the
+// kernel's per-user key quota.
+const keyQuotaMsg = "the kernel's per-user key quota is full (kernel.keys.maxkeys, kernel.keys.maxbytes: lowered since the server started, " +
+	"or filled by other processes of the sandboxes' host uid): runc could not give the sandbox its session keyring; " +
+	"retry when sandboxes have ended, or raise the quota on the host (sysctl -w kernel.keys.maxkeys=N kernel.keys.maxbytes=M)"
+
+// keyQuotaRetry is the Retry-After of that refusal.
+const keyQuotaRetry = 5 * time.Second
+
+// keyQuotaFull reports whether err is runc's "unable to create session
+// key: disk quota exceeded" (EDQUOT from add_key): the kernel's per-user
+// key quota, which the server checks at start (internal/server
+// keyquota.go) but an operator can lower later, is full. It reaches the
+// API as the runtime's text (runc's log tail), so it is recognised by
+// that text. It defends against a known capacity condition answered as a
+// 500 internal fault: it is capacity_exceeded, naming the quota.
+func keyQuotaFull(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "session key") && strings.Contains(msg, "disk quota exceeded")
 }
 
 // writeErr answers err in the native shape ({"code", "message"}).
@@ -163,17 +191,13 @@ func (s *Server) writeFailure(w http.ResponseWriter, r *http.Request, f apiFailu
 	writeError(w, f.status, f.code, f.msg)
 }
 
-// decodeJSON reads a bounded JSON body into v, refusing unknown fields
-// and trailing data. It writes the error response itself and returns false.
+// decodeJSON reads a bounded JSON body into v by the rule of parseJSON,
+// strict: unknown fields, keys given twice and trailing data are
+// refused. It writes the error response itself and returns false.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	r.Body = http.MaxBytesReader(w, r.Body, MaxJSONBody)
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
 	if err == nil {
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("unexpected data after the JSON object")
-		}
+		err = parseJSON(data, v, true)
 	}
 	if err == nil {
 		return true

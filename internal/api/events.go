@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -69,19 +70,24 @@ func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
 // lags behind in the store, never in the server's memory), and a client
 // that stops reading is cut by the stall timeout (progressDeadlines).
 func (s *Server) eventStream(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	f := store.EventFilter{Team: scopeFrom(r.Context()).filter(), SandboxID: q.Get("sandbox"), TaskID: q.Get("task"), Kind: q.Get("kind"), Limit: EventStreamBatch}
-	after := r.Header.Get("Last-Event-ID")
-	if after == "" {
-		after = q.Get("after")
-	}
-	if after != "" {
-		v, err := strconv.ParseInt(after, 10, 64)
-		if err != nil || v < 0 {
-			writeError(w, http.StatusBadRequest, CodeInvalidArgument, "after (or Last-Event-ID) must be an event id")
+	p := paramsOf(r)
+	f := store.EventFilter{Team: scopeFrom(r.Context()).filter(), SandboxID: p.str("sandbox"), TaskID: p.str("task"), Kind: p.str("kind"), Limit: EventStreamBatch}
+	after, given := p.integer("after", 0, 0, math.MaxInt64)
+	if h := r.Header.Get("Last-Event-ID"); h != "" {
+		// A reconnecting EventSource's cursor wins over the URL's.
+		v, err := parseInteger(h, 0, math.MaxInt64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, CodeInvalidArgument, "header Last-Event-ID: "+err.Error())
 			return
 		}
-		f.AfterID = v
+		after, given = v, true
+	}
+	if err := p.err(); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if given {
+		f.AfterID = after
 	} else {
 		last, err := s.store.LastEventID(r.Context())
 		if err != nil {

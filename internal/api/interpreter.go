@@ -385,7 +385,7 @@ func readCodeRequest(w http.ResponseWriter, r *http.Request) ([]byte, codeReques
 	if err != nil {
 		return nil, req, &sandbox.InvalidError{Msg: fmt.Sprintf("a run request is at most %d bytes", MaxCodeRequest)}
 	}
-	if err := json.Unmarshal(body, &req); err != nil {
+	if err := parseJSON(body, &req, false); err != nil {
 		return nil, req, &sandbox.InvalidError{Msg: "invalid run request: " + err.Error()}
 	}
 	return body, req, nil

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -84,6 +86,9 @@ func (s *Server) mcpRoutes() {
 	s.mux.Handle("/mcp", s.auth(s.streamed(s.mcpEndpoint(owned))))
 }
 
+// MaxMCPBody bounds one message POSTed to /mcp (the MCP SDK's own bound).
+const MaxMCPBody = 4 << 20
+
 // mcpEndpoint serves an authenticated request of the MCP endpoint: a
 // Corral-Task it names must be a task the caller sees (404 otherwise),
 // and is carried to the session in the request's context.
@@ -102,6 +107,28 @@ func (s *Server) mcpEndpoint(next http.Handler) http.HandlerFunc {
 			ctx = context.WithValue(ctx, mcpTaskKey{}, task)
 		}
 		r = r.Clone(ctx)
+		if r.Method == http.MethodPost {
+			// The SDK keeps the last of a key given twice: the message is
+			// read (at most MaxMCPBody, the SDK's own bound) and checked
+			// by the JSON rule of every body (parseJSON) before the SDK
+			// sees it.
+			data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxMCPBody))
+			var mbe *http.MaxBytesError
+			switch {
+			case errors.As(err, &mbe):
+				writeError(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("request body exceeds %d bytes", MaxMCPBody))
+				return
+			case err != nil:
+				writeError(w, http.StatusBadRequest, CodeInvalidJSON, "reading the body: "+err.Error())
+				return
+			}
+			if err := noDuplicateKeys(data); err != nil {
+				writeError(w, http.StatusBadRequest, CodeInvalidJSON, "invalid JSON: "+err.Error())
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(data))
+			r.ContentLength = int64(len(data))
+		}
 		// The SDK's session-owner check reads a bearer token; the key was
 		// checked already (X-API-Key or Bearer), the verifier ignores it.
 		r.Header.Set("Authorization", "Bearer checked")

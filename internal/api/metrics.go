@@ -37,12 +37,11 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "sandbox not found (it ended)")
 		return
 	}
-	var since time.Time
-	if v := r.URL.Query().Get("since"); v != "" {
-		if since, err = time.Parse(time.RFC3339Nano, v); err != nil {
-			writeError(w, http.StatusBadRequest, CodeInvalidArgument, "since must be an RFC 3339 time")
-			return
-		}
+	p := paramsOf(r)
+	since := p.instant("since")
+	if err := p.err(); err != nil {
+		s.writeErr(w, r, err)
+		return
 	}
 	out := map[string]any{"limits": map[string]any{
 		"cpu": sb.Resources.CPU, "memory_bytes": sb.Resources.MemoryMB << 20, "disk_bytes": sb.Resources.DiskMB << 20, "pids": sb.Resources.Pids,

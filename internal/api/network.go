@@ -3,10 +3,10 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/corralhq/corral/internal/egress"
 	"github.com/corralhq/corral/internal/sandbox"
@@ -154,7 +154,7 @@ func checkSecret(hosts []string, header, value string) string {
 			return "hosts: " + strconv.Quote(h) + " is not a host name or *.suffix pattern"
 		}
 	}
-	if header == "" || len(header) > maxSecretHeader || strings.ContainsAny(header, " :\r\n\t") {
+	if header == "" || len(header) > maxSecretHeader || !headerToken(header) {
 		return "header: give an HTTP header name such as Authorization"
 	}
 	if len(value) < egress.MinSecretLen || len(value) > maxSecretValue {
@@ -164,6 +164,21 @@ func checkSecret(hosts []string, header, value string) string {
 		return "value: must not contain line breaks or NUL"
 	}
 	return ""
+}
+
+// headerToken reports whether name is an HTTP field name (RFC 9110 token:
+// letters, digits and !#$%&'*+-.^_`|~). It defends against a secret's
+// header with a NUL, a space or a separator, which the egress proxy would
+// write into requests as it is (a header another server splits or
+// reads differently), or refuse at every use instead of once here.
+func headerToken(name string) bool {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 func secretOut(sec *store.Secret) secretView {
@@ -214,38 +229,23 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// MaxAuditLimit is the largest ?limit= of GET /v1/audit.
+const MaxAuditLimit = 10000
+
 // listAudit serves GET /v1/audit?task=&sandbox=&kind=&since=&until=&after=&limit=
 // as {"events": [...]}, or as JSON Lines with format=jsonl.
 func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	p := paramsOf(r)
 	// A team sees its own events only; server events (no team) only an
 	// admin's ?team=all.
-	f := store.EventFilter{Team: scopeFrom(r.Context()).filter(), SandboxID: q.Get("sandbox"), TaskID: q.Get("task"), Kind: q.Get("kind")}
-	var err error
-	parseTime := func(name string) time.Time {
-		v := q.Get(name)
-		if v == "" || err != nil {
-			return time.Time{}
-		}
-		t, perr := time.Parse(time.RFC3339Nano, v)
-		if perr != nil {
-			err = errors.New(name + " must be an RFC 3339 time")
-		}
-		return t
-	}
-	f.Since, f.Until = parseTime("since"), parseTime("until")
-	if v := q.Get("after"); v != "" && err == nil {
-		if f.AfterID, err = strconv.ParseInt(v, 10, 64); err != nil {
-			err = errors.New("after must be an event id")
-		}
-	}
-	if v := q.Get("limit"); v != "" && err == nil {
-		if f.Limit, err = strconv.Atoi(v); err != nil || f.Limit < 1 || f.Limit > 10000 {
-			err = errors.New("limit must be 1..10000")
-		}
-	}
-	if err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidArgument, err.Error())
+	f := store.EventFilter{Team: scopeFrom(r.Context()).filter(), SandboxID: p.str("sandbox"), TaskID: p.str("task"), Kind: p.str("kind"),
+		Since: p.instant("since"), Until: p.instant("until")}
+	f.AfterID, _ = p.integer("after", 0, 0, math.MaxInt64)
+	limit, _ := p.integer("limit", 0, 1, MaxAuditLimit)
+	f.Limit = int(limit)
+	jsonl := p.oneOf("format", "json", "json", "jsonl") == "jsonl"
+	if err := p.err(); err != nil {
+		s.writeErr(w, r, err)
 		return
 	}
 	if s.cfg.Audit != nil {
@@ -259,7 +259,7 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 	if evs == nil {
 		evs = []*store.Event{}
 	}
-	if q.Get("format") == "jsonl" {
+	if jsonl {
 		w.Header().Set("Content-Type", "application/jsonl")
 		for _, ev := range evs {
 			b, _ := json.Marshal(ev)

@@ -2,7 +2,7 @@ package api
 
 import (
 	"net/http"
-	"strings"
+
 	"time"
 
 	"github.com/corralhq/corral/internal/sandbox"
@@ -94,23 +94,19 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	p := paramsOf(r)
 	var states []string
-	switch st := q.Get("state"); st {
+	switch st := p.oneOf("state", "", store.StateRunning, store.StatePaused, store.StateEnded, "all"); st {
 	case "":
 		states = []string{store.StateRunning, store.StatePaused}
-	case store.StateRunning, store.StatePaused, store.StateEnded:
-		states = []string{st}
 	case "all":
 	default:
-		writeError(w, http.StatusBadRequest, CodeInvalidArgument, "state must be running, paused, ended or all")
-		return
+		states = []string{st}
 	}
-	match := map[string]string{}
-	for k, vs := range q {
-		if name, ok := strings.CutPrefix(k, "metadata."); ok && len(vs) > 0 {
-			match[name] = vs[0]
-		}
+	match := p.prefixed("metadata.")
+	if err := p.err(); err != nil {
+		s.writeErr(w, r, err)
+		return
 	}
 	list, err := s.mgr.List(r.Context(), store.SandboxFilter{Team: scopeFrom(r.Context()).filter(), States: states}, match)
 	if err != nil {

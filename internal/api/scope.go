@@ -48,7 +48,7 @@ type scopeKey struct{}
 // admin asked for with ?team=. A member asking for another team gets
 // errForbiddenTeam (whether that team exists is not said).
 func scopeFor(id Identity, r *http.Request) (scope, error) {
-	asked := r.URL.Query().Get("team")
+	asked := paramsOf(r).str("team")
 	switch {
 	case asked == "" || asked == id.Team:
 		return scope{team: id.Team}, nil
@@ -203,7 +203,12 @@ func (s *Server) templateScoped(change bool, h http.HandlerFunc) http.HandlerFun
 // the caller's, or "" (published) when an admin asks with ?publish=true.
 func newTemplateTeam(r *http.Request) (string, error) {
 	id, _ := identityFrom(r.Context())
-	if r.URL.Query().Get("publish") != "true" {
+	p := paramsOf(r)
+	publish := p.boolean("publish")
+	if err := p.err(); err != nil {
+		return "", err
+	}
+	if !publish {
 		return id.Team, nil
 	}
 	if id.Role != RoleAdmin {

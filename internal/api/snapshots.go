@@ -3,7 +3,7 @@ package api
 import (
 	"errors"
 	"net/http"
-	"strconv"
+	"slices"
 
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
@@ -52,8 +52,9 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	p := paramsOf(r)
 	list, err := s.store.ListSnapshots(r.Context(), store.SnapshotFilter{Team: scopeFrom(r.Context()).filter(),
-		SandboxID: r.URL.Query().Get("sandbox"), Name: r.URL.Query().Get("name")})
+		SandboxID: p.str("sandbox"), Name: p.str("name")})
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -151,28 +152,36 @@ func e2bSnapshotOut(sn *store.Snapshot) map[string]any {
 		"createdAt": ts(sn.CreatedAt), "sizeBytes": sn.SizeBytes}
 }
 
+// MaxE2BSnapshotPage is the largest ?limit= of E2B's GET /snapshots.
+const MaxE2BSnapshotPage = 1000
+
 // e2bListSnapshots serves GET /snapshots?sandboxID=&name=&limit=&nextToken=.
 func (s *Server) e2bListSnapshots(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	p := paramsOf(r)
+	limit, _ := p.integer("limit", 100, 1, MaxE2BSnapshotPage)
+	token := p.str("nextToken")
+	if err := p.err(); err != nil {
+		s.e2bWriteErr(w, r, err)
+		return
+	}
 	list, err := s.store.ListSnapshots(r.Context(), store.SnapshotFilter{Team: scopeFrom(r.Context()).filter(),
-		SandboxID: q.Get("sandboxID"), Name: q.Get("name")})
+		SandboxID: p.str("sandboxID"), Name: p.str("name")})
 	if err != nil {
-		e2bError(w, http.StatusInternalServerError, "internal error; see the server log")
+		s.e2bWriteErr(w, r, err)
 		return
 	}
 	start := 0
-	if t := q.Get("nextToken"); t != "" {
-		for i, sn := range list {
-			if sn.ID == t {
-				start = i
-			}
+	if token != "" {
+		// The token is the id of the next page's first snapshot: one
+		// that is not in the listing (deleted since, or never written by
+		// the server) is refused rather than restarting at the top.
+		start = slices.IndexFunc(list, func(sn *store.Snapshot) bool { return sn.ID == token })
+		if start < 0 {
+			s.e2bWriteErr(w, r, &ParamError{Name: "nextToken", Msg: "names no snapshot of this listing (it was deleted, or is not a token from X-Next-Token); list again from the first page"})
+			return
 		}
 	}
-	limit := 100
-	if v, err := strconv.Atoi(q.Get("limit")); err == nil && v > 0 && v <= 1000 {
-		limit = v
-	}
-	end := min(start+limit, len(list))
+	end := min(start+int(limit), len(list))
 	if end < len(list) {
 		w.Header().Set("X-Next-Token", list[end].ID)
 	}

@@ -94,15 +94,17 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) {
+	p := paramsOf(r)
 	var states []string
-	switch st := r.URL.Query().Get("state"); st {
+	switch st := p.oneOf("state", "", store.TaskOpen, store.TaskTripped, store.TaskEnded, "all"); st {
 	case "":
 		states = []string{store.TaskOpen, store.TaskTripped}
-	case store.TaskOpen, store.TaskTripped, store.TaskEnded:
-		states = []string{st}
 	case "all":
 	default:
-		writeError(w, http.StatusBadRequest, CodeInvalidArgument, "state must be open, tripped, ended or all")
+		states = []string{st}
+	}
+	if err := p.err(); err != nil {
+		s.writeErr(w, r, err)
 		return
 	}
 	list, err := s.store.ListTasks(r.Context(), store.TaskFilter{Team: scopeFrom(r.Context()).filter(), States: states})

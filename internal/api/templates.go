@@ -6,7 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strconv"
+
 	"strings"
 
 	"github.com/corralhq/corral/internal/sandbox"
@@ -54,7 +54,7 @@ func (s *Server) templateErr(w http.ResponseWriter, r *http.Request, err error) 
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	list, err := s.templates.List(r.Context(), r.URL.Query().Get("name"))
+	list, err := s.templates.List(r.Context(), paramsOf(r).str("name"))
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
@@ -118,11 +118,12 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 // TemplateSpec; the answer streams JSON Lines: {"log": "..."} per line of
 // progress, then {"template": {...}} or {"error": {"code", "message"}}.
 func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, registry.MaxSpecFileBytes*2)
 	var spec registry.Spec
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&spec); err != nil {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, registry.MaxSpecFileBytes*2))
+	if err == nil {
+		err = parseJSON(data, &spec, true)
+	}
+	if err != nil {
 		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "invalid spec: "+err.Error())
 		return
 	}
@@ -132,6 +133,12 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	spec.Team = team
+	// A spec that cannot be built is refused before the stream starts
+	// (400 invalid_argument, not a 200 stream that carries the error).
+	if err := spec.Check(); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
 	w.Header().Set("Content-Type", "application/jsonl")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
@@ -189,7 +196,13 @@ const MaxImportBytes = 8 << 30
 // a registry, or {"layout": DIR} for an OCI layout directory on the
 // server's host.
 func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
-	ref := r.URL.Query().Get("ref")
+	// The team first: a refused ?publish= reads no upload.
+	team, err := newTemplateTeam(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	ref := paramsOf(r).str("ref")
 	var src template.ImportSource
 	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
 		var req struct {
@@ -226,11 +239,6 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 		}
 		src = template.ImportSource{Tarball: tmp.Name()}
 	}
-	team, err := newTemplateTeam(r)
-	if err != nil {
-		s.writeErr(w, r, err)
-		return
-	}
 	var log strings.Builder
 	tv, err := s.templates.Import(r.Context(), ref, team, src, &log)
 	if err != nil {
@@ -243,11 +251,13 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 // inspectTemplate serves GET /v1/templates/{ref}/inspect?top=N: size by
 // layer and each layer's largest files.
 func (s *Server) inspectTemplate(w http.ResponseWriter, r *http.Request) {
-	n := 20
-	if v, err := strconv.Atoi(r.URL.Query().Get("top")); err == nil && v > 0 && v <= 1000 {
-		n = v
+	p := paramsOf(r)
+	n, _ := p.integer("top", 20, 1, 1000)
+	if err := p.err(); err != nil {
+		s.writeErr(w, r, err)
+		return
 	}
-	layers, image, err := s.templates.Inspect(r.Context(), r.PathValue("ref"), n)
+	layers, image, err := s.templates.Inspect(r.Context(), r.PathValue("ref"), int(n))
 	if err != nil {
 		s.templateErr(w, r, err)
 		return

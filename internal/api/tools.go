@@ -33,9 +33,11 @@ func (s *Server) toolRoutes() {
 // listTools answers GET /v1/tools?format=openai|anthropic: the
 // function-calling definitions of the tools (internal/tools).
 func (s *Server) listTools(w http.ResponseWriter, r *http.Request) {
-	format := r.URL.Query().Get("format")
-	if format == "" {
-		format = tools.FormatOpenAI
+	p := paramsOf(r)
+	format := p.oneOf("format", tools.FormatOpenAI, tools.FormatOpenAI, tools.FormatAnthropic)
+	if err := p.err(); err != nil {
+		s.writeErr(w, r, err)
+		return
 	}
 	defs, err := tools.Definitions(format)
 	if err != nil {

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"errors"
 	"net/http"
 	"time"
 
@@ -57,32 +56,22 @@ func amountsOf(r *store.UsageRow) UsageAmounts {
 		Commands: r.Commands, Sandboxes: r.Sandboxes}
 }
 
-// usageGroupings are the values of ?by=.
-var usageGroupings = map[string]bool{"": true, store.UsageByTeam: true, store.UsageByAgent: true, store.UsageByTask: true, store.UsageBySandbox: true}
-
 // usageReport serves GET /v1/usage?team=&since=&until=&by=: the usage of
 // the caller's team (an admin's ?team=NAME or ?team=all: that team, every
 // team). since and until are RFC 3339 times or Go durations back from now
 // (1h, 90m); by is team, agent, task or sandbox.
 func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 	sc := scopeFrom(r.Context())
-	q := r.URL.Query()
+	p := paramsOf(r)
 	now := time.Now()
-	since, err := parseWhen("since", q.Get("since"), now)
-	var until time.Time
-	if err == nil {
-		until, err = parseWhen("until", q.Get("until"), now)
-	}
-	by := q.Get("by")
-	switch {
-	case err != nil:
-	case !usageGroupings[by]:
-		err = errors.New("by must be team, agent, task or sandbox")
-	case !since.IsZero() && !until.IsZero() && !since.Before(until):
-		err = errors.New("since must be before until")
+	since, until := p.when("since", now), p.when("until", now)
+	by := p.oneOf("by", "", store.UsageByTeam, store.UsageByAgent, store.UsageByTask, store.UsageBySandbox)
+	err := p.err()
+	if err == nil && !since.IsZero() && !until.IsZero() && !since.Before(until) {
+		err = &ParamError{Name: "since", Msg: "must be before until"}
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidArgument, err.Error())
+		s.writeErr(w, r, err)
 		return
 	}
 	uq := usage.Query{Team: sc.filter(), Since: since, Until: until, By: by}
@@ -120,23 +109,4 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		v.Rows = append(v.Rows, out)
 	}
 	writeJSON(w, http.StatusOK, v)
-}
-
-// parseWhen reads a since or until parameter: an RFC 3339 time, or a Go
-// duration (1h, 90m) back from now; "" is the zero time (unbounded).
-func parseWhen(name, v string, now time.Time) (time.Time, error) {
-	if v == "" {
-		return time.Time{}, nil
-	}
-	if d, err := time.ParseDuration(v); err == nil {
-		if d < 0 {
-			return time.Time{}, errors.New(name + " must be an RFC 3339 time or a positive duration (1h)")
-		}
-		return now.Add(-d), nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
-		return time.Time{}, errors.New(name + " must be an RFC 3339 time or a duration back from now (1h)")
-	}
-	return t, nil
 }

@@ -201,6 +201,23 @@ func (g *Governor) CreateImplicit(ctx context.Context, team, agent string) (*sto
 	return g.create(ctx, TaskRequest{Team: team, Agent: agent}, true)
 }
 
+// CheckAgent refuses an agent name that is too long or holds a control
+// character: the one rule for the agent of a task and of a sandbox
+// create. It defends against a name that would split or forge lines of
+// the audit log and console views, and against a NUL the store and
+// admission's per-agent limits would treat as another agent.
+func CheckAgent(agent string) error {
+	if len(agent) > maxAgentLen {
+		return &InvalidError{Msg: fmt.Sprintf("agent must be at most %d bytes", maxAgentLen)}
+	}
+	for _, c := range agent {
+		if c < 0x20 || c == 0x7f {
+			return &InvalidError{Msg: fmt.Sprintf("agent %q holds a control character", agent)}
+		}
+	}
+	return nil
+}
+
 func (g *Governor) create(ctx context.Context, req TaskRequest, implicit bool) (*store.Task, error) {
 	b, err := g.budgets(req)
 	if err != nil {
@@ -213,8 +230,8 @@ func (g *Governor) create(ctx context.Context, req TaskRequest, implicit bool) (
 	default:
 		return nil, &InvalidError{Msg: `on_trip must be "kill" or "keep"`}
 	}
-	if len(req.Agent) > maxAgentLen {
-		return nil, &InvalidError{Msg: fmt.Sprintf("agent must be at most %d bytes", maxAgentLen)}
+	if err := CheckAgent(req.Agent); err != nil {
+		return nil, err
 	}
 	if len(req.Artifacts) > maxArtifacts {
 		return nil, &InvalidError{Msg: fmt.Sprintf("at most %d artifacts", maxArtifacts)}

@@ -8,7 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
+
 	"log/slog"
 	"net"
 	"regexp"
@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/corralhq/corral/internal/agentclient"
 	"github.com/corralhq/corral/internal/egress"
@@ -459,6 +460,9 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		if !envNameRe.MatchString(k) {
 			return nil, rc, invalid("env var name %q is not valid", k)
 		}
+		if strings.ContainsRune(v, 0) {
+			return nil, rc, invalid("env var %s: the value holds a NUL byte (a process environment cannot)", k)
+		}
 		size += len(k) + len(v)
 	}
 	if size > MaxEnvBytes {
@@ -471,6 +475,12 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		if k == "" || len(k) > MaxMetadataKey || len(v) > MaxMetadataValue {
 			return nil, rc, invalid("metadata keys must be 1..%d bytes and values at most %d bytes", MaxMetadataKey, MaxMetadataValue)
 		}
+		if !printable(k, false) || !printable(v, true) {
+			return nil, rc, invalid("metadata %q: keys hold no control characters, values none but tab, newline and carriage return", k)
+		}
+	}
+	if err := govern.CheckAgent(req.Agent); err != nil {
+		return nil, rc, err
 	}
 	now := time.Now().UTC()
 	rec := &store.Sandbox{
@@ -492,12 +502,7 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 	if tv.Version == "" {
 		rec.TemplateVersion = ""
 	}
-	// Template content: looked up inside the template's root, so that a
-	// link to a host file cannot turn no_new_privs off.
-	sudo, sudoErr := inroot.StatMode(rootfs, "/usr/bin/sudo")
-	if sudoErr == nil && !sudo.IsRegular() {
-		sudoErr = fs.ErrNotExist
-	}
+	noNewPrivs, user := templatePrivileges(tv)
 	// Every process sees that it runs in a sandbox (E2B_SANDBOX as envd
 	// sets it, so code written for E2B detects it too); the caller's env
 	// wins over these.
@@ -515,8 +520,8 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 			Pids: res.Pids, Nofile: res.Nofile,
 		},
 		Env:             env,
-		NoNewPrivileges: sudoErr != nil,
-		DefaultUser:     firstNonEmpty(tv.Config.User, "user"),
+		NoNewPrivileges: noNewPrivs,
+		DefaultUser:     user,
 		AccessToken:     rec.AccessToken,
 		Template:        rec.Template,
 		Team:            rec.Team,
@@ -1506,6 +1511,22 @@ func (m *Manager) Dial(ctx context.Context, id string) (net.Conn, error) {
 		return nil, ErrNotFound
 	}
 	return m.driver.Dial(ctx, id)
+}
+
+// printable reports whether s is UTF-8 without control characters (with
+// space: tab, newline and carriage return allowed), for metadata: it
+// defends against a key or value that would forge lines where it is
+// shown or logged, or a NUL other readers would cut it at.
+func printable(s string, space bool) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, c := range s {
+		if (c < 0x20 || c == 0x7f) && !(space && (c == '\t' || c == '\n' || c == '\r')) {
+			return false
+		}
+	}
+	return true
 }
 
 func firstNonEmpty(vs ...string) string {

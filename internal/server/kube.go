@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -20,6 +22,8 @@ import (
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/runtime/kube"
 	"github.com/corralhq/corral/internal/sandbox"
+	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template/registry"
 )
 
 // Drivers `corral serve --driver` accepts.
@@ -105,7 +109,7 @@ func (k KubeConfig) validate() error {
 			return err
 		}
 	}
-	if _, err := k.pools(); err != nil {
+	if _, err := k.poolSizes(); err != nil {
 		return err
 	}
 	if k.Egress && k.DNS == "" {
@@ -157,22 +161,54 @@ func (k KubeConfig) egressCA() ([]byte, error) {
 	return b, nil
 }
 
-// pools are the warm pools of --kube-pools, for creates with the default
-// tier, runtime and user.
-func (k KubeConfig) pools() ([]kube.Pool, error) {
+// poolSizes are the sizes --kube-pools asks for, by template name.
+func (k KubeConfig) poolSizes() (map[string]int, error) {
 	m, err := parsePairs("--kube-pools", k.Pools)
 	if err != nil {
 		return nil, err
 	}
-	res := sandbox.Tiers[sandbox.DefaultTier].Resources
-	var out []kube.Pool
+	out := map[string]int{}
 	for tpl, n := range m {
 		size, err := strconv.Atoi(n)
 		if err != nil || size < 0 || size > 10000 {
 			return nil, fmt.Errorf("--kube-pools: %s=%s: the size is a number from 0 to 10000", tpl, n)
 		}
-		out = append(out, kube.Pool{Template: tpl, Runtime: runtime.Runc, DefaultUser: "user", Size: size,
-			Resources: runtime.Resources{CPU: res.CPU, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20, Pids: res.Pids, Nofile: res.Nofile}})
+		out[tpl] = size
+	}
+	return out, nil
+}
+
+// pools are the warm pools of --kube-pools, for creates that name only
+// the template: each Pod is made with what a cold create of the
+// template's current version gets (sandbox.TemplateDefaults: its runtime,
+// tier, default user, and no privilege escalation unless it offers sudo),
+// so that a pool serves its template's creates and a pooled sandbox has
+// the settings of a cold one. A template the registry does not hold yet
+// (a build still running) gets the settings of one without sudo and a
+// warning: its Pods allow no escalation, and creates claim them only if
+// the template turns out to match.
+func (k KubeConfig) pools(ctx context.Context, reg *registry.Registry, log *slog.Logger) ([]kube.Pool, error) {
+	sizes, err := k.poolSizes()
+	if err != nil {
+		return nil, err
+	}
+	var out []kube.Pool
+	for tpl, size := range sizes {
+		var cfg runtime.Config
+		tv, err := reg.Resolve(ctx, tpl)
+		switch {
+		case err == nil:
+			cfg = sandbox.TemplateDefaults(tv)
+		case errors.Is(err, registry.ErrNotFound):
+			cfg = sandbox.TemplateDefaults(&store.TemplateVersion{Name: tpl})
+			cfg.NoNewPrivileges = true
+			log.Warn("--kube-pools: the template is not in the registry yet; its pool's Pods allow no privilege escalation, and creates claim them only if the template matches",
+				"template", tpl)
+		default:
+			return nil, fmt.Errorf("--kube-pools: template %s: %w", tpl, err)
+		}
+		out = append(out, kube.Pool{Template: tpl, Runtime: cfg.Runtime, DefaultUser: cfg.DefaultUser, NoNewPrivileges: cfg.NoNewPrivileges,
+			Resources: cfg.Resources, Size: size})
 	}
 	return out, nil
 }
@@ -190,7 +226,7 @@ func (k KubeConfig) proxyEnv() map[string]string {
 
 // openKube connects to the cluster and starts the kube driver; node
 // names this control plane on the Pods it claims.
-func openKube(ctx context.Context, k KubeConfig, node string) (*kube.Driver, error) {
+func openKube(ctx context.Context, k KubeConfig, node string, reg *registry.Registry, log *slog.Logger) (*kube.Driver, error) {
 	var rc *rest.Config
 	var err error
 	if k.Kubeconfig == "" {
@@ -208,7 +244,10 @@ func openKube(ctx context.Context, k KubeConfig, node string) (*kube.Driver, err
 	}
 	images, _ := parsePairs("--kube-images", k.Images)
 	classes, _ := parsePairs("--kube-runtime-classes", k.RuntimeClasses)
-	pools, _ := k.pools()
+	pools, err := k.pools(ctx, reg, log)
+	if err != nil {
+		return nil, err
+	}
 	ro := map[string]bool{}
 	for _, t := range strings.Split(k.ReadOnlyRoot, ",") {
 		if t = strings.TrimSpace(t); t != "" {

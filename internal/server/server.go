@@ -515,7 +515,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	var drv closingDriver
 	gvisorLegacy := false
 	if cfg.Driver == DriverKube {
-		drv, err = openKube(ctx, cfg.Kube, cfg.NodeID)
+		drv, err = openKube(ctx, cfg.Kube, cfg.NodeID, reg, cfg.Log)
 		cfg.NoNetwork = true
 	} else {
 		var runsc oci.Runsc

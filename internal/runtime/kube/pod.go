@@ -101,6 +101,11 @@ func (p Pool) spec() podSpec {
 		DefaultUser: p.DefaultUser, NoNewPrivileges: p.NoNewPrivileges}
 }
 
+// Serves reports whether a Start of cfg claims a Pod of this pool (its
+// spec is cfg's: same template name, runtime, limits, default user and
+// privilege escalation), whatever its size.
+func (p Pool) Serves(cfg runtime.Config) bool { return p.spec() == specOf(cfg) }
+
 // key is a short digest of the spec: the pool label of its Pods.
 func (s podSpec) key() string {
 	sum := sha256.Sum256(fmt.Appendf(nil, "%q|%q|%+v|%q|%v", s.Template, s.Runtime, s.Resources, s.DefaultUser, s.NoNewPrivileges))
