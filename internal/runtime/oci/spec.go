@@ -239,14 +239,18 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 			}
 		}
 	}
-	if in.cfg.Runtime != runtime.GVisor {
-		prof, err := seccomp.GetDefaultProfile(s)
-		if err != nil {
-			return nil, fmt.Errorf("seccomp profile: %w", err)
-		}
-		prof.Architectures = nativeArch(prof.Architectures)
-		s.Linux.Seccomp = prof
+	// The same profile under gVisor, where runsc loads it into gVisor's
+	// kernel (--oci-seccomp): without it, code in a gVisor sandbox made
+	// every system call gVisor implements (unshare of a user namespace
+	// and cgroupfs mounts in it, keyctl, syslog), and escape checkers
+	// saw no seccomp filter at all. TestEscapeBattery is the regression
+	// test.
+	prof, err := seccomp.GetDefaultProfile(s)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp profile: %w", err)
 	}
+	prof.Architectures = nativeArch(prof.Architectures)
+	s.Linux.Seccomp = prof
 	return s, nil
 }
 

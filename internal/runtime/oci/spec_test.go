@@ -7,25 +7,31 @@ import (
 	"github.com/corralhq/corral/internal/runtime"
 )
 
-// TestSeccompNativeArchOnly: a runc sandbox's seccomp filter admits the
-// host's own system call ABI only, not Docker's compat ABIs (i386 and x32
-// on amd64), so no system call reaches the kernel's compat entry paths.
+// TestSeccompNativeArchOnly: a sandbox's seccomp filter, under runc and
+// under gVisor (which loads it with --oci-seccomp), admits the host's own
+// system call ABI only, not Docker's compat ABIs (i386 and x32 on amd64),
+// so no system call reaches the kernel's compat entry paths.
 func TestSeccompNativeArchOnly(t *testing.T) {
 	want, ok := nativeArches[goruntime.GOARCH]
 	if !ok {
 		t.Skipf("no native seccomp architecture known for %s", goruntime.GOARCH)
 	}
-	s, err := buildSpec(specInput{cfg: runtime.Config{ID: "x", Runtime: runtime.Runc}, rootfs: "/r", runDir: "/d", agentBin: "/a",
-		uidBase: 100000, idRange: 65536, cgroupDir: "/corral/x"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := s.Linux.Seccomp.Architectures
-	if len(got) != 1 || got[0] != want {
-		t.Fatalf("seccomp architectures %v, want only %s", got, want)
-	}
-	if len(s.Linux.Seccomp.Syscalls) == 0 {
-		t.Fatal("seccomp profile has no rules")
+	for _, rt := range []runtime.Runtime{runtime.Runc, runtime.GVisor} {
+		s, err := buildSpec(specInput{cfg: runtime.Config{ID: "x", Runtime: rt}, rootfs: "/r", runDir: "/d", agentBin: "/a",
+			uidBase: 100000, idRange: 65536, cgroupDir: "/corral/x", tmpSource: "/r/tmp"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Linux.Seccomp == nil {
+			t.Fatalf("%s: no seccomp profile", rt)
+		}
+		got := s.Linux.Seccomp.Architectures
+		if len(got) != 1 || got[0] != want {
+			t.Fatalf("%s: seccomp architectures %v, want only %s", rt, got, want)
+		}
+		if len(s.Linux.Seccomp.Syscalls) == 0 {
+			t.Fatalf("%s: seccomp profile has no rules", rt)
+		}
 	}
 }
 
