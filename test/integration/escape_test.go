@@ -663,6 +663,42 @@ func usernsCases() []escapeCase {
 	return []escapeCase{
 		{name: "unshare tool", probe: `for f in -U -Ur -Urm -UrmC -Urmp; do unshare $f --fork true 2>/dev/null && echo "$f allowed" || echo "$f refused"; done`,
 			want: same(lines("-U refused", "-Ur refused", "-Urm refused", "-UrmC refused", "-Urmp refused"))},
+		// clone3 with CLONE_NEWUSER, which a seccomp filter cannot look
+		// into (its flags are in memory): refused under runc (ENOSYS, so
+		// glibc falls back to clone, whose flags are checked). gVisor's
+		// seccomp answers EPERM to every refusal, which would break
+		// glibc's threads, so there clone3 is admitted; in the user
+		// namespace it makes, the filter still refuses every mount,
+		// unshare, setns and keyctl.
+		{name: "clone3 user namespace", probe: py(`
+args = ctypes.create_string_buffer(struct.pack('QQQQQQQQ', 0x10000000 | 0x00020000, 0, 0, 0, 17, 0, 0, 0))  # NEWUSER|NEWNS, SIGCHLD
+ctypes.set_errno(0)
+pid = libc.syscall(ctypes.c_long(NR['clone3']), args, ctypes.c_long(64))
+if pid == 0:
+    os.makedirs('/tmp/c3', exist_ok=True)
+    print('in ns:', ', '.join('%s %s' % (n, verdict(e)) for n, e in (
+        ('mount proc', mount('proc', '/tmp/c3', 'proc')), ('mount cgroup', mount('cgroup', '/tmp/c3', 'cgroup', 'memory')),
+        ('mount tmpfs', mount('tmpfs', '/tmp/c3', 'tmpfs')), ('unshare', sc('unshare', 0x00020000)),
+        ('setns', sc('setns', os.open('/proc/self/ns/mnt', os.O_RDONLY), 0)), ('keyctl', sc('keyctl', 0, -3, 1)))))
+    sys.stdout.flush()
+    os._exit(0)
+if pid < 0:
+    say('clone3', ctypes.get_errno())
+else:
+    os.waitpid(pid, 0)
+    print('clone3 allowed')`),
+			want: func(rt, user string) string {
+				if rt == "gvisor" {
+					return lines("in ns: mount proc refused, mount cgroup refused, mount tmpfs refused, unshare refused, setns refused, keyctl refused", "clone3 allowed")
+				}
+				return lines("clone3 refused")
+			}},
+		// Threads still start (glibc's pthread_create tries clone3
+		// first): the refusals above must not break threaded programs.
+		{name: "threads start", probe: `python3 -c "
+import threading
+t = threading.Thread(target=print, args=('thread ran',))
+t.start(); t.join()"`, want: same("thread ran\n")},
 		{name: "mount proc sysfs overlay", probe: py(`
 os.makedirs('/tmp/m/l', exist_ok=True); os.makedirs('/tmp/m/u', exist_ok=True); os.makedirs('/tmp/m/w', exist_ok=True)
 say('proc', mount('proc', '/tmp/m', 'proc'))
@@ -904,6 +940,24 @@ func filesReq(t *testing.T, id, method, path, user string, body io.Reader) (int,
 	return resp.StatusCode, string(b)
 }
 
+// linkSwapper is a background probe that swaps the link at path between
+// a directory next to it (inside) and the host directory host (outside,
+// absolute) as fast as it can until /tmp/swap.stop exists: an attacker
+// racing a host-side path check (TOCTOU).
+func linkSwapper(path, host string) string {
+	return fmt.Sprintf(`mkdir -p %[1]s.real && rm -f /tmp/swap.stop && (setsid python3 -c "
+import os
+p = '%[1]s'
+while not os.path.exists('/tmp/swap.stop'):
+    for t in (os.path.basename(p) + '.real', '%[2]s'):
+        try:
+            os.symlink(t, p + '.tmp')
+            os.rename(p + '.tmp', p)
+        except OSError:
+            pass
+" >/dev/null 2>&1 </dev/null &)`, path, host)
+}
+
 // testEscapeFiles: symbolic and hard links through the files API. A
 // link a sandbox plants (absolute, to a host path that exists on the
 // host; relative, climbing with ..; to /) is followed inside the
@@ -923,6 +977,19 @@ func testEscapeFiles(t *testing.T, sb *escapeSandbox) {
 		for _, p := range []string{"/tmp/absdir/new-" + u, "/tmp/rootdir" + dir + "/new2-" + u, "/tmp/abs", "/home/user/absdir/new3-" + u} {
 			filesReq(t, sb.id, "POST", p, u, strings.NewReader("written through a link"))
 		}
+	}
+	unchanged()
+	// The race: the link at /tmp/race flips between a sandbox directory
+	// and the host directory while uploads and downloads go through it.
+	mustSh(t, sb.id, linkSwapper("/tmp/race", dir), asRoot)
+	for i := 0; i < 100; i++ {
+		filesReq(t, sb.id, "POST", fmt.Sprintf("/tmp/race/new%d", i), "root", strings.NewReader("raced"))
+		if _, body := filesReq(t, sb.id, "GET", "/tmp/race/marker", "root", nil); strings.Contains(body, content) {
+			t.Fatalf("a download through a swapped link returned the host marker")
+		}
+	}
+	if out := mustSh(t, sb.id, "touch /tmp/swap.stop; test -L /tmp/race && echo swapped", asRoot); out != "swapped\n" {
+		t.Fatalf("the link swapper did not run: %q", out)
 	}
 	unchanged()
 	sh(t, sb.id, `ln /.corral/agent /tmp/agent-hl; ln /run/corral/agent.sock /tmp/sock-hl`, asRoot)
@@ -977,6 +1044,24 @@ func testEscapeVolumes(t *testing.T, rt string) {
 	if code, body := content_("GET", "/own-hl", nil); code != http.StatusOK || body != "vol\n" {
 		t.Errorf("hard link inside the volume: %d %q", code, body)
 	}
+	unchanged()
+	// The race: the sandbox flips /data/race between a directory of the
+	// volume and the host directory while the host-side content API
+	// writes and reads through it.
+	mustSh(t, a.id, linkSwapper("/data/race", dir), asRoot)
+	inside := 0
+	for i := 0; i < 100; i++ {
+		if code, _ := content_("PUT", fmt.Sprintf("/race/new%d", i), strings.NewReader("raced")); code/100 == 2 {
+			inside++
+		}
+		if _, body := content_("GET", "/race/marker", nil); strings.Contains(body, content) {
+			t.Fatalf("a volume content API read through a swapped link returned the host marker")
+		}
+	}
+	if out := mustSh(t, a.id, "touch /tmp/swap.stop; test -L /data/race && echo swapped", asRoot); out != "swapped\n" {
+		t.Fatalf("the link swapper did not run: %q", out)
+	}
+	t.Logf("volume race: %d of 100 writes landed inside the volume", inside)
 	unchanged()
 	// Another sandbox mounting the volume follows the links inside
 	// itself.
