@@ -24,8 +24,10 @@ func needGVisor(t *testing.T) {
 }
 
 // TestGVisorRuntime: runtime "gvisor" really runs the sandbox under
-// gVisor's kernel (its own kernel release and boot log, unlike the host),
-// with the default user and the host cgroup limits applied.
+// gVisor's kernel (its own kernel release, unlike the host), with the
+// default user and the host cgroup limits applied. Its boot log is not
+// readable: the sandbox's seccomp profile refuses syslog(2) under gVisor
+// as under runc.
 func TestGVisorRuntime(t *testing.T) {
 	needGVisor(t)
 	id := create(t, map[string]any{"runtime": "gvisor"})
@@ -33,9 +35,9 @@ func TestGVisorRuntime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := mustSh(t, id, "uname -r; id -un; dmesg | head -1 | grep -c gVisor")
+	out := mustSh(t, id, "uname -r; id -un; dmesg >/dev/null 2>&1 && echo dmesg || echo no dmesg")
 	rel, rest, _ := strings.Cut(out, "\n")
-	if rel == "" || rel == strings.TrimSpace(string(host)) || rest != "user\n1\n" {
+	if !strings.Contains(rel, "gvisor") || rel == strings.TrimSpace(string(host)) || rest != "user\nno dmesg\n" {
 		t.Fatalf("under runtime gvisor: %q (host kernel %q)", out, strings.TrimSpace(string(host)))
 	}
 	var sb sandboxJSON

@@ -115,7 +115,10 @@ func KVMAvailable() bool {
 // honours set-user-ID binaries inside, as runc does: code runs as user
 // and becomes sandbox root with sudo (a current runsc ignores the bit
 // by default); it raises ids only within gVisor's kernel, and a
-// template's NoNewPrivileges still prevents it.
+// template's NoNewPrivileges still prevents it. --oci-seccomp loads the
+// spec's seccomp profile (Docker's, as under runc) into gVisor's kernel
+// for the sandbox's processes, a filter in front of gVisor's own system
+// call surface (runsc ignores the spec's profile without it).
 func runscFlags(platform *string, legacy bool) ([]string, error) {
 	if *platform == "" {
 		*platform = PlatformSystrap
@@ -137,9 +140,9 @@ func runscFlags(platform *string, legacy bool) ([]string, error) {
 		return nil, fmt.Errorf("unknown runsc platform %q: use systrap, ptrace or kvm", *platform)
 	}
 	if legacy {
-		return []string{"--platform=" + *platform, "--network=none", "--host-uds=all"}, nil
+		return []string{"--platform=" + *platform, "--network=none", "--host-uds=all", "--oci-seccomp"}, nil
 	}
-	return []string{"--platform=" + *platform, "--host-uds=all", "--overlay2=none", "--allow-suid"}, nil
+	return []string{"--platform=" + *platform, "--host-uds=all", "--overlay2=none", "--allow-suid", "--oci-seccomp"}, nil
 }
 
 // runscNetworkArgs is the network flag of a gVisor sandbox (after the

@@ -10,7 +10,8 @@ import (
 // runsc, which has no systrap); an unknown platform, or systrap asked of
 // a legacy runsc, is refused with a reason instead of failing at the
 // first gVisor create. A current runsc keeps writes on the capped layer
-// (--overlay2=none) and honours set-user-ID binaries (--allow-suid); the
+// (--overlay2=none) and honours set-user-ID binaries (--allow-suid);
+// every runsc loads the spec's seccomp profile (--oci-seccomp); the
 // network flag is per sandbox (runscNetworkArgs).
 func TestRunscFlags(t *testing.T) {
 	for _, tc := range []struct {
@@ -19,8 +20,8 @@ func TestRunscFlags(t *testing.T) {
 		want     []string // flags that must be there
 		refused  string   // part of the error, "" when accepted
 	}{
-		{"", false, []string{"--platform=systrap", "--host-uds=all", "--overlay2=none", "--allow-suid"}, ""},
-		{"", true, []string{"--platform=ptrace", "--network=none", "--host-uds=all"}, ""},
+		{"", false, []string{"--platform=systrap", "--host-uds=all", "--overlay2=none", "--allow-suid", "--oci-seccomp"}, ""},
+		{"", true, []string{"--platform=ptrace", "--network=none", "--host-uds=all", "--oci-seccomp"}, ""},
 		{"ptrace", false, []string{"--platform=ptrace"}, ""},
 		{"systrap", true, nil, "predates the systrap platform"},
 		{"hypervisor", false, nil, "unknown runsc platform"},

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"sort"
 
 	"github.com/corralhq/corral/internal/inroot"
 	"github.com/corralhq/corral/internal/runtime"
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // Paths inside the sandbox.
@@ -239,15 +241,41 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 			}
 		}
 	}
-	if in.cfg.Runtime != runtime.GVisor {
-		prof, err := seccomp.GetDefaultProfile(s)
-		if err != nil {
-			return nil, fmt.Errorf("seccomp profile: %w", err)
-		}
-		prof.Architectures = nativeArch(prof.Architectures)
-		s.Linux.Seccomp = prof
+	// The same profile under gVisor, where runsc loads it into gVisor's
+	// kernel (--oci-seccomp): without it, code in a gVisor sandbox made
+	// every system call gVisor implements (unshare of a user namespace
+	// and cgroupfs mounts in it, keyctl, syslog), and escape checkers
+	// saw no seccomp filter at all. TestEscapeBattery is the regression
+	// test.
+	prof, err := seccomp.GetDefaultProfile(s)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp profile: %w", err)
 	}
+	prof.Architectures = nativeArch(prof.Architectures)
+	if cfg.Runtime == runtime.GVisor {
+		gvisorErrnos(prof)
+	}
+	s.Linux.Seccomp = prof
 	return s, nil
+}
+
+// gvisorErrnos adapts the profile to runsc, whose OCI seccomp ignores a
+// rule's errnoRet and answers EPERM for every errno action. Docker's
+// profile refuses clone3 with ENOSYS so that glibc falls back to clone,
+// whose flags the profile can check; with EPERM instead, glibc's
+// pthread_create fails and no threaded program (python's threading, a
+// JVM) could start a thread in a gVisor sandbox. So clone3 is admitted
+// under gVisor, whose kernel implements it. A user namespace made with
+// it is no way around the profile: the filter holds in it, so mount,
+// unshare, setns and keyctl are refused there as well (TestEscapeBattery,
+// "clone3 user namespace"). Any other rule keeps its refusal, as EPERM.
+func gvisorErrnos(prof *specs.LinuxSeccomp) {
+	for i, r := range prof.Syscalls {
+		if r.Action == specs.ActErrno && r.ErrnoRet != nil && *r.ErrnoRet == uint(unix.ENOSYS) && slices.Equal(r.Names, []string{"clone3"}) {
+			prof.Syscalls[i].Action = specs.ActAllow
+			prof.Syscalls[i].ErrnoRet = nil
+		}
+	}
 }
 
 // nativeArches is the seccomp architecture of each GOARCH corral builds
