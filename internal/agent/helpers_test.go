@@ -30,7 +30,7 @@ type testEnv struct {
 	fs   filesystemconnect.FilesystemClient
 }
 
-func newTestEnv(t *testing.T, mod func(*Config)) *testEnv {
+func newTestEnv(t testing.TB, mod func(*Config)) *testEnv {
 	t.Helper()
 	dir := t.TempDir()
 	home := filepath.Join(dir, "home")
@@ -102,7 +102,7 @@ func newTestEnv(t *testing.T, mod func(*Config)) *testEnv {
 	}
 }
 
-func writeFile(t *testing.T, p, content string) {
+func writeFile(t testing.TB, p, content string) {
 	t.Helper()
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
 		t.Fatal(err)

@@ -103,9 +103,19 @@ func (p *proc) broadcast(ev *pb.ProcessEvent) {
 	}
 }
 
-// pump reads r in chunks of size and broadcasts them as data events.
+// readBufs holds the pumps' read buffers (pipeChunk bytes, the larger
+// chunk): a command that writes little would otherwise allocate two
+// 32 KiB buffers it hardly uses, and the agent's small heap goal
+// (idleGCPercent) turns that garbage into a collection every few
+// commands.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, pipeChunk); return &b }}
+
+// pump reads r in chunks of size (at most pipeChunk) and broadcasts them
+// as data events.
 func (p *proc) pump(r io.Reader, size int, wrap func([]byte) *pb.ProcessEvent_DataEvent) {
-	buf := make([]byte, size)
+	bp := readBufs.Get().(*[]byte)
+	defer readBufs.Put(bp)
+	buf := (*bp)[:size]
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {

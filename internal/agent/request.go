@@ -12,9 +12,9 @@ import (
 	"github.com/corralhq/corral/proto/agentproto"
 )
 
-// users reads the account files.
+// users returns the account database (read again when the files change).
 func (s *Server) users() (*userDB, error) {
-	return loadUserDB(s.cfg.PasswdFile, s.cfg.GroupFile)
+	return s.accounts.load(s.cfg.PasswdFile, s.cfg.GroupFile)
 }
 
 // rpcUser resolves the user of an RPC: the name in

@@ -76,6 +76,8 @@ type Server struct {
 	procs            *procTable
 	watchers         *watcherTable
 	idle             idleTrimmer
+	// accounts caches the account files (see userCache).
+	accounts userCache
 }
 
 const (

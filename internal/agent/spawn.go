@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -67,21 +68,22 @@ func (s *Server) prepare(req *pb.StartRequest, u *user) (*spawnSpec, error) {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("cmd too long"))
 	}
 
-	dir := u.Home
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		// A home that does not exist (images without one) is not the
-		// caller's mistake: start in /.
-		dir = "/"
-	}
+	var dir string
 	if cfg.Cwd != nil && cfg.GetCwd() != "" {
 		d, err := rpcPath(cfg.GetCwd(), u)
 		if err != nil {
 			return nil, err
 		}
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd '%s' does not exist", d))
+		}
 		dir = d
-	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd '%s' does not exist", dir))
+	} else if fi, err := os.Stat(u.Home); err == nil && fi.IsDir() {
+		dir = u.Home
+	} else {
+		// A home that does not exist (images without one) is not the
+		// caller's mistake: start in /.
+		dir = "/"
 	}
 
 	env := s.processEnv(u, cfg.GetEnvs())
@@ -238,7 +240,6 @@ func (s *Server) spawn(sp *spawnSpec, sub *subscriber) (*proc, error) {
 		sys.Setctty = true
 		sys.Ctty = 0
 	} else {
-		var stdinFile *os.File
 		if sp.stdin {
 			r, w, err := os.Pipe()
 			if err != nil {
@@ -246,16 +247,14 @@ func (s *Server) spawn(sp *spawnSpec, sub *subscriber) (*proc, error) {
 			}
 			childFiles = append(childFiles, r)
 			p.stdin = w
-			stdinFile = r
+			fds = []uintptr{r.Fd()}
 		} else {
-			devnull, err := os.Open(os.DevNull)
+			fd, err := devNullFD()
 			if err != nil {
 				return nil, err
 			}
-			childFiles = append(childFiles, devnull)
-			stdinFile = devnull
+			fds = []uintptr{fd}
 		}
-		fds = []uintptr{stdinFile.Fd()}
 		for _, wrap := range []func([]byte) *pb.ProcessEvent_DataEvent{
 			func(b []byte) *pb.ProcessEvent_DataEvent {
 				return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: b}}
@@ -292,7 +291,7 @@ func (s *Server) spawn(sp *spawnSpec, sub *subscriber) (*proc, error) {
 	}
 	p.pid = pid
 	// Make sandbox code the OOM killer's first choice, not the agent.
-	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("100"), 0)
+	setOOMScoreAdj(pid)
 	if !sp.deadline.IsZero() {
 		p.timer = time.AfterFunc(time.Until(sp.deadline), p.timeout)
 	}
@@ -349,4 +348,26 @@ func pollable(f *os.File) (*os.File, error) {
 		return nil, err
 	}
 	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// devNullFD is /dev/null opened once for reading: the stdin of every
+// process started without one (ForkExec dups it onto the child's fd 0).
+var devNullFD = sync.OnceValues(func() (uintptr, error) {
+	fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, &os.PathError{Op: "open", Path: os.DevNull, Err: err}
+	}
+	return uintptr(fd), nil
+})
+
+// setOOMScoreAdj makes process pid the OOM killer's first choice before
+// the agent (oom_score_adj 100), with plain system calls: the file needs
+// no buffering and no poller registration.
+func setOOMScoreAdj(pid int) {
+	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	_, _ = unix.Write(fd, []byte("100"))
+	unix.Close(fd)
 }

@@ -12,17 +12,22 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
 // Root is where cgroup file systems are mounted.
 const Root = "/sys/fs/cgroup"
 
-// Unified reports whether the host uses cgroup v2 only.
-func Unified() bool {
+// Unified reports whether the host uses cgroup v2 only. It is looked up
+// once: every command's OOM-kill count opens a group, and the host's
+// hierarchy does not change under a running control plane.
+func Unified() bool { return unified() }
+
+var unified = sync.OnceValue(func() bool {
 	_, err := os.Stat(filepath.Join(Root, "cgroup.controllers"))
 	return err == nil
-}
+})
 
 // Group is one cgroup, named by its path below the hierarchy root
 // (for example "/corral/abc").

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/corralhq/corral/proto/process/processconnect"
 )
 
 // DefaultURL is the server URL used when CORRAL_URL is not set.
@@ -33,6 +35,30 @@ type Client struct {
 	apiKey    string
 	userAgent string
 	http      *http.Client // no overall timeout: streams are long-lived
+
+	// procs holds the process-service clients by agent URL (at most
+	// maxProcessClients; emptied when full). Guarded by pmu.
+	pmu   sync.Mutex
+	procs map[string]processconnect.ProcessClient
+}
+
+// maxProcessClients bounds Client.procs.
+const maxProcessClients = 256
+
+// processClient returns the process-service client of the agent at url,
+// made on first use.
+func (c *Client) processClient(url string) processconnect.ProcessClient {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	if pc, ok := c.procs[url]; ok {
+		return pc
+	}
+	if c.procs == nil || len(c.procs) >= maxProcessClients {
+		c.procs = map[string]processconnect.ProcessClient{}
+	}
+	pc := processconnect.NewProcessClient(c.http, url)
+	c.procs[url] = pc
+	return pc
 }
 
 // Option configures a Client.

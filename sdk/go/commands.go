@@ -110,8 +110,11 @@ func (s *Sandbox) agentURL() string {
 	return s.client.baseURL + "/v1/sandboxes/" + url.PathEscape(s.ID) + "/agent"
 }
 
+// processClient returns the client of the sandbox agent's process
+// service, kept by the Client per sandbox (building one costs more than
+// a short command's round trip to the server).
 func (s *Sandbox) processClient() processconnect.ProcessClient {
-	return processconnect.NewProcessClient(s.client.http, s.agentURL())
+	return s.client.processClient(s.agentURL())
 }
 
 func setUser(h interface{ Set(string, string) }, user string) {
@@ -251,11 +254,21 @@ type CommandHandle struct {
 // PID returns the command's process id in the sandbox.
 func (h *CommandHandle) PID() uint32 { return h.pid }
 
-// Done returns a channel closed when the command's stream has ended.
+// Done returns a channel closed when the command's result is known: its
+// end event arrived or its stream ended.
 func (h *CommandHandle) Done() <-chan struct{} { return h.done }
 
+// streamDrainTimeout bounds how long the rest of a command's stream is
+// read after its end event (the server ends the stream right after it).
+const streamDrainTimeout = 5 * time.Second
+
 func (h *CommandHandle) receive(stream *connect.ServerStreamForClient[process.StartResponse], ci *callInfo, onStdout, onStderr func([]byte)) {
-	defer close(h.done)
+	ended := false
+	defer func() {
+		if !ended {
+			close(h.done)
+		}
+	}()
 	defer h.cancel()
 	defer stream.Close()
 	for stream.Receive() {
@@ -282,7 +295,18 @@ func (h *CommandHandle) receive(stream *connect.ServerStreamForClient[process.St
 				}
 			}
 		case ev.GetEnd() != nil:
+			// The result is complete: Wait returns now. The rest of the
+			// stream (its end, which carries nothing a result needs) is
+			// read after, so that its connection is reused for the next
+			// call; nothing is written to the handle any more.
 			h.end = ev.GetEnd()
+			ended = true
+			close(h.done)
+			t := time.AfterFunc(streamDrainTimeout, h.cancel)
+			for stream.Receive() {
+			}
+			t.Stop()
+			return
 		}
 	}
 	if err := stream.Err(); err != nil && h.end == nil {

@@ -201,6 +201,9 @@ type fakeProcess struct {
 	closed    chan struct{}
 	events    []*process.ProcessEvent
 	waitStdin bool
+	// hold, when set, keeps the stream open after the events until it
+	// is closed.
+	hold chan struct{}
 }
 
 func (f *fakeProcess) Start(ctx context.Context, req *connect.Request[process.StartRequest], st *connect.ServerStream[process.StartResponse]) error {
@@ -225,6 +228,12 @@ func (f *fakeProcess) Start(ctx context.Context, req *connect.Request[process.St
 	for _, ev := range f.events {
 		if err := st.Send(&process.StartResponse{Event: ev}); err != nil {
 			return err
+		}
+	}
+	if f.hold != nil {
+		select {
+		case <-f.hold:
+		case <-ctx.Done():
 		}
 	}
 	return nil
@@ -334,6 +343,37 @@ func TestRunStreamsAndMapsExit(t *testing.T) {
 	}
 	if p := fp2.req.GetProcess(); p.GetCmd() != "/bin/bash" || strings.Join(p.GetArgs(), "|") != "-l|-c|exit 3" || p.Cwd != nil {
 		t.Errorf("shell form %v", p)
+	}
+}
+
+// TestRunReturnsAtEndEvent defends against a command's answer waiting
+// for work the server does after the command ended: Run returns the
+// result as soon as the end event arrives, while the stream's own end is
+// still to come (the server records the command after sending its end
+// event), and reads the rest of the stream after.
+func TestRunReturnsAtEndEvent(t *testing.T) {
+	hold := make(chan struct{})
+	defer close(hold)
+	fp := &fakeProcess{hold: hold, events: []*process.ProcessEvent{
+		dataEv("out", ""), endEv(&process.ProcessEvent_EndEvent{ExitCode: 0, Exited: true, Status: "exit status 0"}),
+	}}
+	sb := New(agentServer(t, fp, sbJSON).URL, testKey).Sandbox("sbabc")
+	type result struct {
+		res *CommandResult
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		res, err := sb.Run(context.Background(), "true", RunOptions{})
+		got <- result{res, err}
+	}()
+	select {
+	case r := <-got:
+		if r.err != nil || r.res.ExitCode != 0 || r.res.Stdout != "out" || r.res.Status != "exit status 0" {
+			t.Fatalf("result %+v, %v", r.res, r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return at the end event: it waited for the end of the stream")
 	}
 }
 
