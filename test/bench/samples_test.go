@@ -26,9 +26,13 @@ var metas = map[string]meta{
 	"RawRuncRunCorralSpec":          {"raw `runc run` of /bin/true with corral's own spec (seccomp, caps, cgroup limits, masks)", "RawRuncRun", "cold", nil},
 	"RawRuncRunCorralSpecNoSeccomp": {"raw `runc run` of /bin/true with corral's spec without seccomp", "RawRuncRunCorralSpec", "cold", nil},
 	"RawRuncRunCorralSpecNoLimits":  {"raw `runc run` of /bin/true with corral's spec without cgroup limits", "RawRuncRunCorralSpec", "cold", nil},
-	"PairedCorral":                  {"paired: corral create → first exec (runc)", "PairedRunc", "paired", []string{"PairedRuncCorralSpec"}},
+	"PairedCorral":                  {"paired: corral create → first exec (runc)", "PairedRunc", "paired", []string{"PairedRuncCorralSpec", "PairedAgentReady"}},
 	"PairedRunc":                    {"paired: raw `runc run` of /bin/true, same rootfs", "", "paired", nil},
 	"PairedRuncCorralSpec":          {"paired: raw `runc run` of /bin/true, same rootfs, corral's own spec (same seccomp, caps, cgroup limits, masks, mounts)", "PairedRunc", "paired", nil},
+	"PairedAgentReady":              {"paired: corral's mounts + raw `runc run -d` of corral's spec with the agent, until its socket accepts (the floor of corral's start)", "PairedRunc", "paired", nil},
+	"PairedCreateServerSide":        {"paired: corral create, server side (create_ms of PairedCorral's sandbox.created events)", "PairedCorral", "paired", nil},
+	"PairedCreateCall":              {"paired: PairedCorral's Create call alone (HTTP request to response)", "PairedCorral", "paired", nil},
+	"PairedFirstCommand":            {"paired: PairedCorral's first command alone (after Create returned)", "PairedCorral", "paired", nil},
 	"PairedDocker":                  {"paired: `docker run --rm --network none` of /bin/true, same rootfs", "PairedRunc", "paired", nil},
 	"DockerRun":                     {"`docker run --rm --network none` of /bin/true, same rootfs (`docker import`)", "RawRuncRun", "cold", nil},
 	"CreateFirstExecNetwork":        {"corral create → first exec, egress network (veth, nftables, proxy)", "CreateFirstExec", "cold", nil},
@@ -45,6 +49,8 @@ var metas = map[string]meta{
 	"BreakdownRuncDelete":           {"breakdown: `runc delete` after exit, corral's spec", "CreateFirstExec", "breakdown", nil},
 	"BreakdownRuncRunDetached":      {"breakdown: `runc run --detach`, corral's spec (create and start in one runc process), same iterations", "CreateFirstExec", "breakdown", nil},
 	"BreakdownAgentReady":           {"breakdown: mounts + `runc run -d` of the agent, corral's spec, until its socket accepts", "CreateFirstExec", "breakdown", nil},
+	"CreateCall":                    {"breakdown: corral create → first exec, the SDK's Create call alone (HTTP request to response)", "CreateFirstExec", "breakdown", nil},
+	"CreateFirstCommand":            {"breakdown: corral create → first exec, the first command alone (after Create returned)", "CreateFirstExec", "breakdown", nil},
 	"CreateServerSide":              {"breakdown: corral create, server side (create_ms of the sandbox.created event: admission → started)", "CreateFirstExec", "breakdown", nil},
 	"VolumeCreateDelete":            {"volume create + delete (1 GiB, mkfs.ext4, loop)", "", "other", nil},
 }
@@ -136,6 +142,9 @@ func (s *samples) reportAs(name string) {
 	m := metas[name]
 	if phase, ok := strings.CutPrefix(name, "CreatePhase/"); ok {
 		m = meta{label: "breakdown: create phase `" + phase + "` (server's trace, phases_ms of sandbox.created)", baseline: "CreateFirstExec", group: "breakdown"}
+	}
+	if phase, ok := strings.CutPrefix(name, "PairedCreatePhase/"); ok {
+		m = meta{label: "paired: create phase `" + phase + "` (server's trace of PairedCorral's creates)", baseline: "PairedCorral", group: "paired"}
 	}
 	if v, ok := strings.CutPrefix(name, "SeccompCost/"); ok {
 		for _, sv := range seccompVariants {
