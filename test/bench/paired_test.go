@@ -85,7 +85,7 @@ func BenchmarkColdPaired(b *testing.B) {
 		}},
 		{name: "PairedRunc", run: func() { timeCmd(b, pairedSamples["PairedRunc"], r.runCmd(bundle)) }},
 		{name: "PairedRuncCorralSpec", run: func() { timeCmd(b, pairedSamples["PairedRuncCorralSpec"], r.runCmd(corralBundle)) }},
-		{name: "PairedAgentReady", run: func() { ready.run(b, pairedSamples["PairedAgentReady"]) }},
+		{name: "PairedAgentReady", run: func() { ready.run(b, pairedSamples["PairedAgentReady"], nil) }},
 	}
 	if d != nil {
 		members = append(members, &member{name: "PairedDocker", run: func() { timeCmd(b, pairedSamples["PairedDocker"], d.runCmd()) }})

@@ -20,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corralhq/corral/internal/idrange"
+	"github.com/corralhq/corral/internal/runtime/oci"
+	"github.com/corralhq/corral/internal/supervisor"
 	corral "github.com/corralhq/corral/sdk/go"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -180,9 +182,41 @@ func BenchmarkBreakdownAgentReady(b *testing.B) {
 	a := newAgentReady(b, newRawRunc(b))
 	s := newSamples(b)
 	for i := 0; i < b.N; i++ {
-		a.run(b, s)
+		a.run(b, s, nil)
 	}
 	s.report()
+}
+
+// BenchmarkSupervisorCost times BreakdownAgentReady's start with runc
+// run directly by the benchmark and run under a supervisor of its own
+// (package supervisor, as corral's driver runs it), in random order
+// within each iteration with BenchmarkColdPaired's settle before each:
+// what running the runtime under the supervisor costs a create.
+func BenchmarkSupervisorCost(b *testing.B) {
+	need(b)
+	a := newAgentReady(b, newRawRunc(b))
+	sock := filepath.Join(b.TempDir(), "sup", "supervisor.sock")
+	sup := &supervisor.Client{Socket: sock, Binary: env.agentBin}
+	b.Cleanup(func() { _ = sup.CloseWait(10 * time.Second) })
+	direct, supervised := newSamples(b), newSamples(b)
+	directRunc, supCall, supRan := newSamples(b), newSamples(b), newSamples(b)
+	st := &pairedSettle{}
+	for i := 0; i < b.N; i++ {
+		first := func() { a.run(b, direct, nil); directRunc.add(a.call) }
+		second := func() { a.run(b, supervised, sup); supCall.add(a.call); supRan.add(a.ran) }
+		if i%2 == 1 {
+			first, second = second, first
+		}
+		st.wait(b)
+		first()
+		st.wait(b)
+		second()
+	}
+	direct.reportAs("SupervisorCostDirect")
+	supervised.reportAs("SupervisorCostSupervised")
+	directRunc.reportAs("SupervisorCostDirectRunc")
+	supCall.reportAs("SupervisorCostSupervisedCall")
+	supRan.reportAs("SupervisorCostSupervisedRan")
 }
 
 // agentReady runs corral's agent with corral's spec by hand, one
@@ -194,6 +228,9 @@ type agentReady struct {
 	dir     string
 	spec    *specs.Spec
 	n       int
+	// call is how long the last run's runc took (its Run, or the
+	// supervisor's RunTimed); ran is the supervisor's report of its life.
+	call, ran time.Duration
 }
 
 func newAgentReady(b *testing.B, r *rawRunc) *agentReady {
@@ -232,8 +269,31 @@ func newAgentReady(b *testing.B, r *rawRunc) *agentReady {
 
 // run times, as one section of s, corral's mounts, `runc run -d` of the
 // agent and the wait until its socket accepts; the container's removal
-// and the unmounts after it are not timed.
-func (a *agentReady) run(b *testing.B, s *samples) {
+// and the unmounts after it are not timed. With sup, runc runs under
+// that supervisor, as corral's driver runs it.
+func (a *agentReady) run(b *testing.B, s *samples, sup *supervisor.Client) {
+	b.Helper()
+	a.start(b, s, sup, nil)
+}
+
+// runWith is run that calls then, once the agent accepts and before the
+// container is removed (outside s's timed section).
+func (a *agentReady) runWith(b *testing.B, s *samples, then func()) {
+	b.Helper()
+	a.start(b, s, nil, then)
+}
+
+// setAgent makes the next runs start the agent binary at path (on the
+// host) instead of the server's.
+func (a *agentReady) setAgent(path string) {
+	for j, m := range a.spec.Mounts {
+		if m.Destination == oci.AgentPath {
+			a.spec.Mounts[j].Source = path
+		}
+	}
+}
+
+func (a *agentReady) start(b *testing.B, s *samples, sup *supervisor.Client, then func()) {
 	b.Helper()
 	r, dir := a.r, a.dir
 	if err := os.Mkdir(dir, 0o710); err != nil {
@@ -256,14 +316,35 @@ func (a *agentReady) run(b *testing.B, s *samples) {
 		b.Fatal(err)
 	}
 	c := r.cmd("run", "-d", "--bundle", bundle, id)
-	c.Stdout, c.Stderr = logf, logf
-	if err := c.Run(); err != nil {
-		b.Fatalf("runc run -d: %v: %s", err, r.log(id))
+	if sup != nil {
+		argv := append([]string{}, c.Args...)
+		if p, err := exec.LookPath(argv[0]); err == nil {
+			argv[0] = p
+		}
+		t0 := time.Now()
+		code, ran, err := sup.RunTimed(context.Background(), argv, logf)
+		a.call, a.ran = time.Since(t0), ran
+		if err == nil && code != 0 {
+			err = fmt.Errorf("exit status %d", code)
+		}
+		if err != nil {
+			b.Fatalf("runc run -d under the supervisor: %v: %s", err, r.log(id))
+		}
+	} else {
+		c.Stdout, c.Stderr = logf, logf
+		t0 := time.Now()
+		if err := c.Run(); err != nil {
+			b.Fatalf("runc run -d: %v: %s", err, r.log(id))
+		}
+		a.call, a.ran = time.Since(t0), 0
 	}
 	if err := waitSocket(filepath.Join(dir, "run", "agent.sock"), 30*time.Second); err != nil {
 		b.Fatalf("agent: %v: %s", err, r.log(id))
 	}
 	s.stop()
+	if then != nil {
+		then()
+	}
 	if out, err := r.cmd("delete", "-f", id).CombinedOutput(); err != nil {
 		b.Fatalf("runc delete -f: %v: %s", err, out)
 	}
