@@ -54,10 +54,14 @@ func BenchmarkColdPaired(b *testing.B) {
 		b.Logf("without Docker: %v", docker.err)
 	}
 	ctx := context.Background()
+	st := &pairedSettle{}
 	since := time.Now()
 	ids := map[string]bool{}
 	// PairedCorral's two halves: Create's call and the first command.
 	call, first := newSamples(b), newSamples(b)
+	// PairedAgentReady's `runc run -d` alone, to set beside the runtime
+	// phase of PairedCorral's creates.
+	readyRunc := newSamples(b)
 	type member struct {
 		name string
 		s    *samples
@@ -78,6 +82,7 @@ func BenchmarkColdPaired(b *testing.B) {
 			call.add(created.Sub(s.t0))
 			first.add(time.Since(created))
 			kerr := sb.Kill(ctx)
+			st.sandbox = sb.ID
 			checkTrue(b, res, err)
 			if kerr != nil {
 				b.Fatalf("kill: %v", kerr)
@@ -85,7 +90,10 @@ func BenchmarkColdPaired(b *testing.B) {
 		}},
 		{name: "PairedRunc", run: func() { timeCmd(b, pairedSamples["PairedRunc"], r.runCmd(bundle)) }},
 		{name: "PairedRuncCorralSpec", run: func() { timeCmd(b, pairedSamples["PairedRuncCorralSpec"], r.runCmd(corralBundle)) }},
-		{name: "PairedAgentReady", run: func() { ready.run(b, pairedSamples["PairedAgentReady"], nil) }},
+		{name: "PairedAgentReady", run: func() {
+			ready.run(b, pairedSamples["PairedAgentReady"], nil)
+			readyRunc.add(ready.call)
+		}},
 	}
 	if d != nil {
 		members = append(members, &member{name: "PairedDocker", run: func() { timeCmd(b, pairedSamples["PairedDocker"], d.runCmd()) }})
@@ -101,7 +109,6 @@ func BenchmarkColdPaired(b *testing.B) {
 	}
 	b.Logf("member order: random, seed %d (CORRAL_BENCH_SEED)", seed)
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	st := &pairedSettle{}
 	for i := 0; i < b.N; i++ {
 		order := slices.Clone(members)
 		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
@@ -113,6 +120,7 @@ func BenchmarkColdPaired(b *testing.B) {
 	for _, m := range members {
 		m.s.reportAs(m.name)
 	}
+	readyRunc.reportAs("PairedAgentReadyRunc")
 	call.reportAs("PairedCreateCall")
 	first.reportAs("PairedFirstCommand")
 	reportCreateTrace(b, c, since, ids, "Paired")
@@ -164,13 +172,16 @@ const (
 // window (or settleDeadline passed).
 type pairedSettle struct {
 	n, timeouts int
+	// sandbox is the last corral sandbox a member made (its cgroup is
+	// waited for; other servers' sandboxes on the host are not).
+	sandbox string
 }
 
 func (p *pairedSettle) wait(b *testing.B) {
 	b.Helper()
 	p.n++
 	deadline := time.Now().Add(30 * time.Second)
-	for leftCgroups() {
+	for leftCgroups(p.sandbox) {
 		if time.Now().After(deadline) {
 			b.Fatal("the previous member's cgroups are still there after 30 s")
 		}
@@ -191,15 +202,21 @@ func (p *pairedSettle) wait(b *testing.B) {
 }
 
 // leftCgroups reports whether a cgroup of a benchmark member is still
-// there: a sandbox's under corral's parent, a raw runc container's
+// there: corral's sandbox (by id, "" for none), a raw runc container's
 // (corral's spec: under benchCgroupParent; the minimal spec: named by
-// its container id at the top), a Docker container's.
-func leftCgroups() bool {
+// its container id at the top), a Docker container's (the benchmark's
+// own daemon's parent).
+func leftCgroups(sandbox string) bool {
 	root := "/sys/fs/cgroup/pids"
 	if _, err := os.Stat(root); err != nil {
 		root = "/sys/fs/cgroup" // cgroup v2
 	}
-	for _, parent := range []string{"corral", benchCgroupParent, "corral-bench-docker"} {
+	if sandbox != "" {
+		if _, err := os.Stat(filepath.Join(root, "corral", sandbox)); err == nil {
+			return true
+		}
+	}
+	for _, parent := range []string{benchCgroupParent, "corral-bench-docker"} {
 		ents, _ := os.ReadDir(filepath.Join(root, parent))
 		for _, e := range ents {
 			if e.IsDir() {

@@ -33,6 +33,7 @@ var metas = map[string]meta{
 	"PairedCreateServerSide":        {"paired: corral create, server side (create_ms of PairedCorral's sandbox.created events)", "PairedCorral", "paired", nil},
 	"PairedCreateCall":              {"paired: PairedCorral's Create call alone (HTTP request to response)", "PairedCorral", "paired", nil},
 	"PairedFirstCommand":            {"paired: PairedCorral's first command alone (after Create returned)", "PairedCorral", "paired", nil},
+	"PairedAgentReadyRunc":          {"paired: PairedAgentReady's `runc run -d` alone (compare the runtime phase of PairedCorral's creates)", "PairedAgentReady", "paired", nil},
 	"PairedDocker":                  {"paired: `docker run --rm --network none` of /bin/true, same rootfs", "PairedRunc", "paired", nil},
 	"DockerRun":                     {"`docker run --rm --network none` of /bin/true, same rootfs (`docker import`)", "RawRuncRun", "cold", nil},
 	"CreateFirstExecNetwork":        {"corral create → first exec, egress network (veth, nftables, proxy)", "CreateFirstExec", "cold", nil},
