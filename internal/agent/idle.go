@@ -35,6 +35,26 @@ type idleTrimmer struct {
 	timer *time.Timer
 }
 
+// startTrimAfter is how long after it started to serve an agent that
+// had no request returns what its start-up allocated and dropped.
+const startTrimAfter = time.Second
+
+// arm makes the trimmer return the free memory after d unless a request
+// comes first (then the memory goes back idleTrimAfter after the last
+// request ends, as always). The agent arms it when it starts to serve,
+// instead of returning the memory there and then: a create's first
+// command follows the start at once, and a forced collection running
+// when it arrives, and the faults of taking back the heap just given
+// back, delayed that command by milliseconds.
+func (t *idleTrimmer) arm(d time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.inflight > 0 || t.timer != nil {
+		return
+	}
+	t.timer = time.AfterFunc(d, t.trim)
+}
+
 // wrap counts the requests h serves.
 func (t *idleTrimmer) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

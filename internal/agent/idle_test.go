@@ -44,3 +44,44 @@ func TestIdleTrimmer(t *testing.T) {
 		t.Fatalf("memory returned %d times for one idle period, want 1 (no timer while idle)", n)
 	}
 }
+
+// TestIdleTrimmerArmedAtStart: an agent returns what its start-up left
+// once it served nothing for a moment (the agent arms the trimmer when it
+// starts to serve instead of returning the memory there and then, which
+// delayed a create's first command); a request that comes first holds
+// the trim off while it is in flight. It defends idle density (an agent
+// that never gets a request still gives back its start-up heap) and the
+// first command's latency.
+func TestIdleTrimmerArmedAtStart(t *testing.T) {
+	var freed atomic.Int32
+	tr := &idleTrimmer{after: time.Hour, free: func() { freed.Add(1) }}
+	tr.arm(10 * time.Millisecond)
+	deadline := time.Now().Add(time.Minute)
+	for freed.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("start-up memory not returned by an agent that had no request")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	var freed2 atomic.Int32
+	tr2 := &idleTrimmer{after: time.Hour, free: func() { freed2.Add(1) }}
+	release, entered := make(chan struct{}), make(chan struct{})
+	h := tr2.wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		close(entered)
+		<-release
+	}))
+	tr2.arm(50 * time.Millisecond)
+	done := make(chan struct{})
+	go func() { h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil)); close(done) }()
+	<-entered
+	time.Sleep(200 * time.Millisecond) // past the armed trim
+	if n := freed2.Load(); n != 0 {
+		t.Fatalf("memory returned %d times while the first request was in flight", n)
+	}
+	close(release)
+	<-done
+	if n := freed2.Load(); n != 0 {
+		t.Fatalf("memory returned %d times right after the first request; want it idleTrimAfter later", n)
+	}
+}

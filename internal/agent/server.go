@@ -266,11 +266,12 @@ func (s *Server) serveMain(ctx context.Context, ln net.Listener, socket string) 
 	}()
 	// An agent idles most of its life, in every sandbox: a smaller heap
 	// goal, and what start-up allocated and dropped goes back to the
-	// host before the first request (idle.go returns it after requests).
+	// host once it had no request for a moment (idle.go; after requests
+	// it returns it in the same way).
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(idleGCPercent)
 	}
-	debug.FreeOSMemory()
+	s.idle.arm(startTrimAfter)
 	err := s.Serve(ctx, ln)
 	if socket != "" {
 		os.Remove(socket)

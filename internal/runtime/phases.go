@@ -25,12 +25,24 @@ const (
 	PhaseMounts = "mounts"
 	// PhaseSpec: the OCI runtime spec built and written.
 	PhaseSpec = "spec"
-	// PhaseRuntime: the runtime making the container until it exits and
-	// reports the sandbox's init (its pid file): `runc run --detach`
-	// (made and started), `runsc create` (made) and `runsc start`.
+	// PhaseSupervisor: the supervisor's part of running the runtime: the
+	// request, its start of the runtime's process and the report of its
+	// exit (the time the supervisor's client waited minus the runtime's
+	// process's life, as the supervisor measured it).
+	PhaseSupervisor = "supervisor"
+	// PhaseRuntime: the runtime's process from its start to its exit,
+	// as the supervisor measured it: `runc run --detach` (made and
+	// started), `runsc create` (made) and `runsc start`.
 	PhaseRuntime = "runtime"
+	// PhaseWatch: the sandbox's init found and watched: its pid file
+	// read, its pidfd opened and checked to be of the sandbox's init.
+	PhaseWatch = "watch"
+	// PhaseState: asking the runtime for the init's state (`runc
+	// state`), when the pid file and the cgroup did not settle it. Absent
+	// from a create that did not need it.
+	PhaseState = "state"
 	// PhaseAgent: from there to the agent accepting a connection on its
-	// socket (the agent's own start).
+	// socket (what is left of the agent's own start).
 	PhaseAgent = "agent"
 	// PhaseFinish: what follows the agent's readiness until the create
 	// returns (the sandbox made live, the template's start command).
@@ -38,7 +50,8 @@ const (
 )
 
 // PhaseNames lists every phase in order.
-var PhaseNames = []string{PhaseAdmission, PhaseStore, PhaseNetwork, PhaseMounts, PhaseSpec, PhaseRuntime, PhaseAgent, PhaseFinish}
+var PhaseNames = []string{PhaseAdmission, PhaseStore, PhaseNetwork, PhaseMounts, PhaseSpec,
+	PhaseSupervisor, PhaseRuntime, PhaseWatch, PhaseState, PhaseAgent, PhaseFinish}
 
 // Phases records how long the phases of one sandbox's start took. It is
 // safe for concurrent use; a nil *Phases records nothing.
@@ -62,6 +75,17 @@ func (p *Phases) Mark(phase string, t time.Time) time.Time {
 	p.d[phase] += now.Sub(t)
 	p.mu.Unlock()
 	return now
+}
+
+// Add adds d to phase (for a phase measured by someone else, or one
+// that does not chain with Mark).
+func (p *Phases) Add(phase string, d time.Duration) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.d[phase] += d
+	p.mu.Unlock()
 }
 
 // Milliseconds returns the recorded phases in milliseconds (µs

@@ -32,51 +32,59 @@ type Client struct {
 // if ctx ends first (the caller gets ctx's error); the supervisor reaps
 // it.
 func (c *Client) Run(ctx context.Context, argv []string, out *os.File) (int, error) {
+	code, _, err := c.RunTimed(ctx, argv, out)
+	return code, err
+}
+
+// RunTimed is Run that also returns how long the command ran, from its
+// start to its exit as the supervisor saw them (0 when it did not say):
+// the rest of the time Run took is the supervisor's.
+func (c *Client) RunTimed(ctx context.Context, argv []string, out *os.File) (int, time.Duration, error) {
 	wd, _ := os.Getwd()
 	body, err := json.Marshal(request{Argv: argv, Env: os.Environ(), Dir: wd})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if len(body) > maxRequest {
-		return 0, errors.New("supervisor request too large")
+		return 0, 0, errors.New("supervisor request too large")
 	}
 	// A supervisor that was just exiting closes the connection before it
 	// starts anything: then a new one is started and asked again.
 	for attempt := 0; ; attempt++ {
-		code, started, err := c.run(ctx, body, out)
+		r, started, err := c.run(ctx, body, out)
 		if started || attempt == 2 || ctx.Err() != nil {
-			return code, err
+			return r.Code, time.Duration(r.RanUS) * time.Microsecond, err
 		}
 	}
 }
 
 // run sends one request; started says whether the command started.
-func (c *Client) run(ctx context.Context, body []byte, out *os.File) (code int, started bool, err error) {
+func (c *Client) run(ctx context.Context, body []byte, out *os.File) (r reply, started bool, err error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
-		return 0, false, err
+		return r, false, err
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
 	defer stop()
 	if _, _, err := conn.WriteMsgUnix(frame(body), unix.UnixRights(int(out.Fd())), nil); err != nil {
-		return 0, false, fmt.Errorf("supervisor request: %w", err)
+		return r, false, fmt.Errorf("supervisor request: %w", err)
 	}
 	dec := json.NewDecoder(bufio.NewReader(conn))
-	var r reply
 	if err := dec.Decode(&r); err != nil {
-		return 0, false, fmt.Errorf("supervisor: %w", err)
+		return reply{}, false, fmt.Errorf("supervisor: %w", err)
 	}
 	if r.Error != "" {
-		return 0, true, fmt.Errorf("supervisor: %s", r.Error)
+		return reply{}, true, fmt.Errorf("supervisor: %s", r.Error)
 	}
+	pid := r.Pid
 	if err := dec.Decode(&r); err != nil {
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
-		return 0, true, fmt.Errorf("supervisor: wait for pid %d: %w", r.Pid, err)
+		return reply{}, true, fmt.Errorf("supervisor: wait for pid %d: %w", pid, err)
 	}
-	return r.Code, true, nil
+	return r, true, nil
 }
 
 // Close asks the supervisor to exit if it has nothing to reap and no

@@ -61,6 +61,11 @@ type reply struct {
 	Exited bool   `json:"exited,omitempty"`
 	Code   int    `json:"code"`
 	Error  string `json:"error,omitempty"`
+	// RanUS is, in the exit reply, how long the command ran in
+	// microseconds: from its start to its reaping, as the supervisor saw
+	// it (so that its client can tell the command's time from the
+	// supervisor's own).
+	RanUS int64 `json:"ran_us,omitempty"`
 }
 
 // maxRequest bounds a request's size (argv and environment).
@@ -80,7 +85,7 @@ type server struct {
 	// waiters holds the exit channel of each command being run, by pid.
 	// Guarded by mu; the reaper takes mu around wait4, so that a command
 	// cannot be reaped before its waiter is registered.
-	waiters map[int]chan int
+	waiters map[int]chan exit
 	// conns counts open client connections. Guarded by mu.
 	conns int
 	// children is false once wait4 said no child is left. Guarded by mu.
@@ -116,7 +121,7 @@ func Serve(sock string, idleExit time.Duration) int {
 		fmt.Fprintln(os.Stderr, "supervisor:", err)
 		return 1
 	}
-	s := &server{ln: ln, idleExit: idleExit, ppid: os.Getppid(), waiters: map[int]chan int{}, children: true, exit: make(chan struct{})}
+	s := &server{ln: ln, idleExit: idleExit, ppid: os.Getppid(), waiters: map[int]chan exit{}, children: true, exit: make(chan struct{})}
 	chld := make(chan os.Signal, 1)
 	signal.Notify(chld, syscall.SIGCHLD)
 	go func() {
@@ -226,7 +231,7 @@ func (s *server) reap() {
 			if ws.Signaled() {
 				code = 128 + int(ws.Signal())
 			}
-			ch <- code
+			ch <- exit{code: code, at: time.Now()}
 		}
 	}
 }
@@ -330,14 +335,20 @@ func (s *server) handle(c *net.UnixConn) {
 		}
 		return
 	}
-	ch, pid, err := s.start(req, out)
+	ch, pid, started, err := s.start(req, out)
 	if err != nil {
 		_ = enc.Encode(reply{Error: err.Error()})
 		return
 	}
 	_ = enc.Encode(reply{Pid: pid})
-	code := <-ch
-	_ = enc.Encode(reply{Exited: true, Code: code})
+	e := <-ch
+	_ = enc.Encode(reply{Exited: true, Code: e.code, RanUS: max(e.at.Sub(started).Microseconds(), 0)})
+}
+
+// exit is how and when a command ended (when the reaper reaped it).
+type exit struct {
+	code int
+	at   time.Time
 }
 
 // checkPeer refuses a client that is not the supervisor's own user. The
@@ -441,11 +452,12 @@ func frame(body []byte) []byte {
 
 // start starts req's command with out as its stdout and stderr, in a
 // process group of its own, and registers its waiter before the reaper
-// can see it exit.
-func (s *server) start(req request, out *os.File) (chan int, int, error) {
+// can see it exit. started is when the process was made (just before it
+// was forked).
+func (s *server) start(req request, out *os.File) (ch chan exit, pid int, started time.Time, err error) {
 	null, err := os.Open(os.DevNull)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, started, err
 	}
 	defer null.Close()
 	dir := req.Dir
@@ -454,18 +466,19 @@ func (s *server) start(req request, out *os.File) (chan int, int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	started = time.Now()
 	p, err := os.StartProcess(req.Argv[0], req.Argv, &os.ProcAttr{
 		Dir: dir, Env: req.Env, Files: []*os.File{null, out, out},
 		Sys: &syscall.SysProcAttr{Setpgid: true},
 	})
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, started, err
 	}
-	ch := make(chan int, 1)
+	ch = make(chan exit, 1)
 	s.waiters[p.Pid] = ch
 	s.children = true
 	_ = p.Release() // the reaper waits for it
-	return ch, p.Pid, nil
+	return ch, p.Pid, started, nil
 }
 
 // Command runs `supervisor --socket PATH [--idle-exit D]` with args

@@ -261,3 +261,28 @@ print(s.recv(512).decode())
 		t.Fatalf("the command of a refused client ran: %v", err)
 	}
 }
+
+// TestRunTimedReportsRunTime: RunTimed reports how long the command ran
+// as the supervisor saw it, so that a create's trace can tell the
+// runtime's own time from the supervisor's round trip (the `runtime`
+// and `supervisor` phases of docs/performance.md). A command that
+// sleeps 200 ms ran at least that long, and never longer than the call
+// took; without the report the runtime phase would be 0 and the
+// supervisor's would hold the whole runtime.
+func TestRunTimedReportsRunTime(t *testing.T) {
+	c := newClient(t)
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	t0 := time.Now()
+	code, ran, err := c.RunTimed(context.Background(), []string{"/bin/sleep", "0.2"}, out)
+	total := time.Since(t0)
+	if err != nil || code != 0 {
+		t.Fatalf("run: code %d, %v", code, err)
+	}
+	if ran < 200*time.Millisecond || ran > total {
+		t.Fatalf("the command ran %v by the supervisor's report; want between 200ms and the call's %v", ran, total)
+	}
+}

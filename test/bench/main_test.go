@@ -33,13 +33,16 @@ import (
 
 // env is the shared server of the benchmarks.
 var env struct {
-	skip    string
-	bin     string
-	tmp     string
-	dataDir string
-	srv     *server.Server
-	url     string
-	key     string
+	skip string
+	bin  string
+	// agentBin is the lean agent binary (cmd/corral-agent), also the
+	// supervisor's.
+	agentBin string
+	tmp      string
+	dataDir  string
+	srv      *server.Server
+	url      string
+	key      string
 }
 
 // Sizes of the one-shot benchmarks, from the environment.
@@ -86,7 +89,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	env.bin, env.tmp, env.dataDir, env.srv, env.url, env.key = ts.Bin, ts.Tmp, ts.DataDir, ts.Srv, ts.URL, ts.Key
+	env.bin, env.agentBin, env.tmp, env.dataDir, env.srv, env.url, env.key = ts.Bin, ts.AgentBin, ts.Tmp, ts.DataDir, ts.Srv, ts.URL, ts.Key
 	code := m.Run()
 	if err := ts.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, "close server:", err)

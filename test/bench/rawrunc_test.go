@@ -20,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corralhq/corral/internal/idrange"
+	"github.com/corralhq/corral/internal/runtime/oci"
+	"github.com/corralhq/corral/internal/supervisor"
 	corral "github.com/corralhq/corral/sdk/go"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -177,7 +179,62 @@ func BenchmarkBreakdown(b *testing.B) {
 // difference to BenchmarkCreateFirstExec.
 func BenchmarkBreakdownAgentReady(b *testing.B) {
 	need(b)
-	r := newRawRunc(b)
+	a := newAgentReady(b, newRawRunc(b))
+	s := newSamples(b)
+	for i := 0; i < b.N; i++ {
+		a.run(b, s, nil)
+	}
+	s.report()
+}
+
+// BenchmarkSupervisorCost times BreakdownAgentReady's start with runc
+// run directly by the benchmark and run under a supervisor of its own
+// (package supervisor, as corral's driver runs it), in random order
+// within each iteration with BenchmarkColdPaired's settle before each:
+// what running the runtime under the supervisor costs a create.
+func BenchmarkSupervisorCost(b *testing.B) {
+	need(b)
+	a := newAgentReady(b, newRawRunc(b))
+	sock := filepath.Join(b.TempDir(), "sup", "supervisor.sock")
+	sup := &supervisor.Client{Socket: sock, Binary: env.agentBin}
+	b.Cleanup(func() { _ = sup.CloseWait(10 * time.Second) })
+	direct, supervised := newSamples(b), newSamples(b)
+	directRunc, supCall, supRan := newSamples(b), newSamples(b), newSamples(b)
+	st := &pairedSettle{}
+	for i := 0; i < b.N; i++ {
+		first := func() { a.run(b, direct, nil); directRunc.add(a.call) }
+		second := func() { a.run(b, supervised, sup); supCall.add(a.call); supRan.add(a.ran) }
+		if i%2 == 1 {
+			first, second = second, first
+		}
+		st.wait(b)
+		first()
+		st.wait(b)
+		second()
+	}
+	direct.reportAs("SupervisorCostDirect")
+	supervised.reportAs("SupervisorCostSupervised")
+	directRunc.reportAs("SupervisorCostDirectRunc")
+	supCall.reportAs("SupervisorCostSupervisedCall")
+	supRan.reportAs("SupervisorCostSupervisedRan")
+}
+
+// agentReady runs corral's agent with corral's spec by hand, one
+// container at a time: BenchmarkBreakdownAgentReady and the floor
+// member of BenchmarkColdPaired.
+type agentReady struct {
+	r       *rawRunc
+	scratch string
+	dir     string
+	spec    *specs.Spec
+	n       int
+	// call is how long the last run's runc took (its Run, or the
+	// supervisor's RunTimed); ran is the supervisor's report of its life.
+	call, ran time.Duration
+}
+
+func newAgentReady(b *testing.B, r *rawRunc) *agentReady {
+	b.Helper()
 	// In the server's scratch dir (mode 0711), which the sandbox root
 	// may traverse, as corral's sandbox dirs are in its data dir.
 	scratch, err := os.MkdirTemp(env.tmp, "agent-ready-")
@@ -187,66 +244,116 @@ func BenchmarkBreakdownAgentReady(b *testing.B) {
 	if err := os.Chmod(scratch, 0o711); err != nil {
 		b.Fatal(err)
 	}
-	dir := filepath.Join(scratch, "sb")
+	a := &agentReady{r: r, scratch: scratch, dir: filepath.Join(scratch, "sb")}
 	b.Cleanup(func() {
 		out, _ := r.cmd("list", "-q").Output()
 		for _, id := range strings.Fields(string(out)) {
 			_ = r.cmd("delete", "-f", id).Run()
 		}
-		if err := unmountAll(dir); err != nil {
+		if err := unmountAll(a.dir); err != nil {
 			b.Error(err)
 		}
 		_ = os.RemoveAll(scratch)
 	})
 	// The same spec in every iteration: the rootfs and run dir paths are
 	// one overlay and one run dir, mounted afresh for each iteration.
-	spec := r.corralSpec(b, "")
-	s := newSamples(b)
-	for i := 0; i < b.N; i++ {
-		if err := os.Mkdir(dir, 0o710); err != nil {
-			b.Fatal(err)
+	a.spec = r.corralSpec(b, "")
+	a.spec.Root.Path = filepath.Join(a.dir, "rootfs")
+	for j, m := range a.spec.Mounts {
+		if m.Destination == "/run/corral" {
+			a.spec.Mounts[j].Source = filepath.Join(a.dir, "run")
 		}
-		if err := os.Chown(dir, 0, r.uid); err != nil {
-			b.Fatal(err)
+	}
+	return a
+}
+
+// run times, as one section of s, corral's mounts, `runc run -d` of the
+// agent and the wait until its socket accepts; the container's removal
+// and the unmounts after it are not timed. With sup, runc runs under
+// that supervisor, as corral's driver runs it.
+func (a *agentReady) run(b *testing.B, s *samples, sup *supervisor.Client) {
+	b.Helper()
+	a.start(b, s, sup, nil)
+}
+
+// runWith is run that calls then, once the agent accepts and before the
+// container is removed (outside s's timed section).
+func (a *agentReady) runWith(b *testing.B, s *samples, then func()) {
+	b.Helper()
+	a.start(b, s, nil, then)
+}
+
+// setAgent makes the next runs start the agent binary at path (on the
+// host) instead of the server's.
+func (a *agentReady) setAgent(path string) {
+	for j, m := range a.spec.Mounts {
+		if m.Destination == oci.AgentPath {
+			a.spec.Mounts[j].Source = path
 		}
-		spec.Root.Path = filepath.Join(dir, "rootfs")
-		for j, m := range spec.Mounts {
-			if m.Destination == "/run/corral" {
-				spec.Mounts[j].Source = filepath.Join(dir, "run")
-			}
+	}
+}
+
+func (a *agentReady) start(b *testing.B, s *samples, sup *supervisor.Client, then func()) {
+	b.Helper()
+	r, dir := a.r, a.dir
+	if err := os.Mkdir(dir, 0o710); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Chown(dir, 0, r.uid); err != nil {
+		b.Fatal(err)
+	}
+	a.n++
+	bundle := r.bundle(b, fmt.Sprintf("agent-%d", a.n), a.spec)
+	id := r.newID()
+	logf := r.logFile(b, id)
+	defer logf.Close()
+	s.start()
+	err := mountLikeCorral(dir, r.rootfsLower, r.uid)
+	if err == nil {
+		err = writeToken(filepath.Join(dir, "run"), r.uid)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := r.cmd("run", "-d", "--bundle", bundle, id)
+	if sup != nil {
+		argv := append([]string{}, c.Args...)
+		if p, err := exec.LookPath(argv[0]); err == nil {
+			argv[0] = p
 		}
-		bundle := r.bundle(b, fmt.Sprintf("agent-%d", i), spec)
-		id := r.newID()
-		logf := r.logFile(b, id)
 		t0 := time.Now()
-		err := mountLikeCorral(dir, r.rootfsLower, r.uid)
-		if err == nil {
-			err = writeToken(filepath.Join(dir, "run"), r.uid)
+		code, ran, err := sup.RunTimed(context.Background(), argv, logf)
+		a.call, a.ran = time.Since(t0), ran
+		if err == nil && code != 0 {
+			err = fmt.Errorf("exit status %d", code)
 		}
 		if err != nil {
-			b.Fatal(err)
+			b.Fatalf("runc run -d under the supervisor: %v: %s", err, r.log(id))
 		}
-		c := r.cmd("run", "-d", "--bundle", bundle, id)
+	} else {
 		c.Stdout, c.Stderr = logf, logf
+		t0 := time.Now()
 		if err := c.Run(); err != nil {
 			b.Fatalf("runc run -d: %v: %s", err, r.log(id))
 		}
-		if err := waitSocket(filepath.Join(dir, "run", "agent.sock"), 30*time.Second); err != nil {
-			b.Fatalf("agent: %v: %s", err, r.log(id))
-		}
-		s.add(time.Since(t0))
-		if out, err := r.cmd("delete", "-f", id).CombinedOutput(); err != nil {
-			b.Fatalf("runc delete -f: %v: %s", err, out)
-		}
-		logf.Close()
-		if err := unmountAll(dir); err != nil {
-			b.Fatal(err)
-		}
-		if err := os.RemoveAll(dir); err != nil {
-			b.Fatal(err)
-		}
+		a.call, a.ran = time.Since(t0), 0
 	}
-	s.report()
+	if err := waitSocket(filepath.Join(dir, "run", "agent.sock"), 30*time.Second); err != nil {
+		b.Fatalf("agent: %v: %s", err, r.log(id))
+	}
+	s.stop()
+	if then != nil {
+		then()
+	}
+	if out, err := r.cmd("delete", "-f", id).CombinedOutput(); err != nil {
+		b.Fatalf("runc delete -f: %v: %s", err, out)
+	}
+	if err := unmountAll(dir); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // rawRunc runs containers of the base template's rootfs with runc
@@ -366,10 +473,11 @@ func writeToken(run string, uid int) error {
 	return os.Chown(p, uid, uid)
 }
 
-// waitSocket polls until the unix socket at path accepts a connection.
+// waitSocket polls until the unix socket at path accepts a connection,
+// every 100 µs: at least as soon as corral's driver (woken by inotify)
+// would see it, so that a baseline using it is never slowed by its wait.
 func waitSocket(path string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	delay := 200 * time.Microsecond
 	for {
 		c, err := net.Dial("unix", path)
 		if err == nil {
@@ -378,8 +486,7 @@ func waitSocket(path string, timeout time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("socket %s: %w", path, err)
 		}
-		time.Sleep(delay)
-		delay = min(2*delay, 5*time.Millisecond)
+		time.Sleep(100 * time.Microsecond)
 	}
 }
 

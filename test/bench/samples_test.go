@@ -26,9 +26,14 @@ var metas = map[string]meta{
 	"RawRuncRunCorralSpec":          {"raw `runc run` of /bin/true with corral's own spec (seccomp, caps, cgroup limits, masks)", "RawRuncRun", "cold", nil},
 	"RawRuncRunCorralSpecNoSeccomp": {"raw `runc run` of /bin/true with corral's spec without seccomp", "RawRuncRunCorralSpec", "cold", nil},
 	"RawRuncRunCorralSpecNoLimits":  {"raw `runc run` of /bin/true with corral's spec without cgroup limits", "RawRuncRunCorralSpec", "cold", nil},
-	"PairedCorral":                  {"paired: corral create → first exec (runc)", "PairedRunc", "paired", []string{"PairedRuncCorralSpec"}},
+	"PairedCorral":                  {"paired: corral create → first exec (runc)", "PairedRunc", "paired", []string{"PairedRuncCorralSpec", "PairedAgentReady"}},
 	"PairedRunc":                    {"paired: raw `runc run` of /bin/true, same rootfs", "", "paired", nil},
 	"PairedRuncCorralSpec":          {"paired: raw `runc run` of /bin/true, same rootfs, corral's own spec (same seccomp, caps, cgroup limits, masks, mounts)", "PairedRunc", "paired", nil},
+	"PairedAgentReady":              {"paired: corral's mounts + raw `runc run -d` of corral's spec with the agent, until its socket accepts (the floor of corral's start)", "PairedRunc", "paired", nil},
+	"PairedCreateServerSide":        {"paired: corral create, server side (create_ms of PairedCorral's sandbox.created events)", "PairedCorral", "paired", nil},
+	"PairedCreateCall":              {"paired: PairedCorral's Create call alone (HTTP request to response)", "PairedCorral", "paired", nil},
+	"PairedFirstCommand":            {"paired: PairedCorral's first command alone (after Create returned)", "PairedCorral", "paired", nil},
+	"PairedAgentReadyRunc":          {"paired: PairedAgentReady's `runc run -d` alone (compare the runtime phase of PairedCorral's creates)", "PairedAgentReady", "paired", nil},
 	"PairedDocker":                  {"paired: `docker run --rm --network none` of /bin/true, same rootfs", "PairedRunc", "paired", nil},
 	"DockerRun":                     {"`docker run --rm --network none` of /bin/true, same rootfs (`docker import`)", "RawRuncRun", "cold", nil},
 	"CreateFirstExecNetwork":        {"corral create → first exec, egress network (veth, nftables, proxy)", "CreateFirstExec", "cold", nil},
@@ -45,6 +50,20 @@ var metas = map[string]meta{
 	"BreakdownRuncDelete":           {"breakdown: `runc delete` after exit, corral's spec", "CreateFirstExec", "breakdown", nil},
 	"BreakdownRuncRunDetached":      {"breakdown: `runc run --detach`, corral's spec (create and start in one runc process), same iterations", "CreateFirstExec", "breakdown", nil},
 	"BreakdownAgentReady":           {"breakdown: mounts + `runc run -d` of the agent, corral's spec, until its socket accepts", "CreateFirstExec", "breakdown", nil},
+	"CreateCall":                    {"breakdown: corral create → first exec, the SDK's Create call alone (HTTP request to response)", "CreateFirstExec", "breakdown", nil},
+	"CreateFirstCommand":            {"breakdown: corral create → first exec, the first command alone (after Create returned)", "CreateFirstExec", "breakdown", nil},
+	"SupervisorCostDirect":          {"supervisor: mounts + `runc run -d` of the agent (corral's spec) until its socket accepts, runc run by the benchmark", "", "breakdown", nil},
+	"SupervisorCostSupervised":      {"supervisor: the same, runc run under a supervisor (as corral's driver runs it), same iterations", "SupervisorCostDirect", "breakdown", nil},
+	"SupervisorCostDirectRunc":      {"supervisor: `runc run -d` alone, run by the benchmark", "", "breakdown", nil},
+	"SupervisorCostSupervisedCall":  {"supervisor: `runc run -d` alone under the supervisor (the client's whole call)", "SupervisorCostDirectRunc", "breakdown", nil},
+	"SupervisorCostSupervisedRan":   {"supervisor: `runc run -d` under the supervisor, its life as the supervisor saw it", "SupervisorCostDirectRunc", "breakdown", nil},
+	"CreateSecondCommand":           {"breakdown: a second command in the same new sandbox, right after the first (not part of the create → first exec time)", "CreateFirstExec", "breakdown", nil},
+	"AgentABAReady":                 {"agent A/B: this checkout's agent, start (mounts, `runc run -d`, corral's spec) until its socket accepts", "", "breakdown", nil},
+	"AgentABBReady":                 {"agent A/B: agent B (CORRAL_BENCH_AGENT_B), the same, same iterations", "AgentABAReady", "breakdown", nil},
+	"AgentABAFirst":                 {"agent A/B: this checkout's agent, first command (`/bin/true` through Process.Start)", "", "breakdown", nil},
+	"AgentABBFirst":                 {"agent A/B: agent B, first command", "AgentABAFirst", "breakdown", nil},
+	"AgentABASecond":                {"agent A/B: this checkout's agent, second command", "", "breakdown", nil},
+	"AgentABBSecond":                {"agent A/B: agent B, second command", "AgentABASecond", "breakdown", nil},
 	"CreateServerSide":              {"breakdown: corral create, server side (create_ms of the sandbox.created event: admission → started)", "CreateFirstExec", "breakdown", nil},
 	"VolumeCreateDelete":            {"volume create + delete (1 GiB, mkfs.ext4, loop)", "", "other", nil},
 }
@@ -136,6 +155,9 @@ func (s *samples) reportAs(name string) {
 	m := metas[name]
 	if phase, ok := strings.CutPrefix(name, "CreatePhase/"); ok {
 		m = meta{label: "breakdown: create phase `" + phase + "` (server's trace, phases_ms of sandbox.created)", baseline: "CreateFirstExec", group: "breakdown"}
+	}
+	if phase, ok := strings.CutPrefix(name, "PairedCreatePhase/"); ok {
+		m = meta{label: "paired: create phase `" + phase + "` (server's trace of PairedCorral's creates)", baseline: "PairedCorral", group: "paired"}
 	}
 	if v, ok := strings.CutPrefix(name, "SeccompCost/"); ok {
 		for _, sv := range seccompVariants {

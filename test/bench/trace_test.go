@@ -15,11 +15,11 @@ import (
 // reportCreateTrace reports where the server says the creates of ids
 // (made since since) spent their time, from their sandbox.created audit
 // events: create_ms (admission to a started sandbox, server side) as
-// "CreateServerSide", and, when the server records them, each phase of
-// phases_ms as "CreatePhase/<phase>" (the phases are the server's:
-// docs/performance.md names them). A server that records no phases
-// reports create_ms alone.
-func reportCreateTrace(b *testing.B, c *corral.Client, since time.Time, ids map[string]bool) {
+// prefix+"CreateServerSide", and, when the server records them, each
+// phase of phases_ms as prefix+"CreatePhase/<phase>" (the phases are the
+// server's: docs/performance.md names them). A server that records no
+// phases reports create_ms alone.
+func reportCreateTrace(b *testing.B, c *corral.Client, since time.Time, ids map[string]bool, prefix string) {
 	evs, err := c.Audit(context.Background(), corral.AuditQuery{Kind: "sandbox.created", Since: since.Add(-time.Second)})
 	if err != nil {
 		b.Logf("create trace: audit: %v", err)
@@ -52,14 +52,14 @@ func reportCreateTrace(b *testing.B, c *corral.Client, since time.Time, ids map[
 			s.add(msDuration(p.ms))
 		}
 	}
-	total.reportAs("CreateServerSide")
+	total.reportAs(prefix + "CreateServerSide")
 	// The server's order of phases (a JSON object is read back sorted by
 	// name); phases it does not list come after, as they came.
 	slices.SortStableFunc(order, func(a, b string) int {
 		return phaseRank(a) - phaseRank(b)
 	})
 	for _, name := range order {
-		phases[name].reportAs("CreatePhase/" + name)
+		phases[name].reportAs(prefix + "CreatePhase/" + name)
 	}
 }
 

@@ -281,14 +281,14 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	if err != nil {
 		return nil, err
 	}
-	t = ph.Mark(runtime.PhaseSpec, t)
+	ph.Mark(runtime.PhaseSpec, t)
 	rc := d.starter(cfg)
-	pid, err := d.runtimeStart(ctx, rc, cfg, dir, logf)
+	pid, err := d.runtimeStart(ctx, rc, cfg, dir, logf, ph)
 	logf.Close()
 	if err != nil {
 		return nil, err
 	}
-	w, err := d.watchStarted(ctx, rc, cfg, pid)
+	w, err := d.watchStarted(ctx, rc, cfg, pid, ph)
 	if err != nil {
 		return nil, err
 	}
@@ -296,11 +296,13 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 	d.watches[cfg.ID] = w
 	d.mu.Unlock()
 	if cfg.Runtime == runtime.GVisor {
+		t := time.Now()
 		if err := rc.Start(ctx, cfg.ID); err != nil {
 			return nil, fmt.Errorf("%s start: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
 		}
+		ph.Mark(runtime.PhaseRuntime, t)
 	}
-	if err := d.waitAgent(ctx, cfg.ID, w.done, ph, t); err != nil {
+	if err := d.waitAgent(ctx, cfg.ID, w.done, ph); err != nil {
 		return nil, fmt.Errorf("%s run: %w%s", rc.Command, err, tail(filepath.Join(dir, "agent.log")))
 	}
 	d.mu.Lock()
@@ -323,7 +325,10 @@ func (d *Driver) Start(ctx context.Context, cfg runtime.Config) (h *runtime.Hand
 // the runc binary, about 8 ms of every create: docs/performance.md).
 // runsc gets `create`; Start then runs `runsc start`, as runsc reads
 // the sandbox's network flag at both.
-func (d *Driver) runtimeStart(ctx context.Context, rc *runc.Runc, cfg runtime.Config, dir string, logf *os.File) (int, error) {
+//
+// It records the runtime's process's life as runtime.PhaseRuntime, the
+// rest of the supervisor's round trip as runtime.PhaseSupervisor.
+func (d *Driver) runtimeStart(ctx context.Context, rc *runc.Runc, cfg runtime.Config, dir string, logf *os.File, ph *runtime.Phases) (int, error) {
 	verb := []string{"run", "--detach"}
 	if cfg.Runtime == runtime.GVisor {
 		verb = []string{"create"}
@@ -340,7 +345,12 @@ func (d *Driver) runtimeStart(ctx context.Context, rc *runc.Runc, cfg runtime.Co
 	}
 	// Not cancelled with ctx: a runtime left running could make the
 	// container after the cleanup of a failed Start ran.
-	code, err := d.sup.Run(context.WithoutCancel(ctx), argv, logf)
+	t := time.Now()
+	code, ran, err := d.sup.RunTimed(context.WithoutCancel(ctx), argv, logf)
+	total := time.Since(t)
+	ran = min(ran, total)
+	ph.Add(runtime.PhaseRuntime, ran)
+	ph.Add(runtime.PhaseSupervisor, total-ran)
 	if err == nil && code != 0 {
 		err = fmt.Errorf("exit status %d", code)
 	}
@@ -350,7 +360,9 @@ func (d *Driver) runtimeStart(ctx context.Context, rc *runc.Runc, cfg runtime.Co
 	pid, err := readPidFile(filepath.Join(dir, pidFileName))
 	if err != nil {
 		// The runtime wrote no pid file (it should have): ask it.
+		t := time.Now()
 		st, serr := rc.State(ctx, cfg.ID)
+		ph.Mark(runtime.PhaseState, t)
 		if serr != nil {
 			return 0, fmt.Errorf("%s state: %w", rc.Command, errors.Join(err, serr))
 		}
@@ -371,21 +383,30 @@ func (d *Driver) runtimeStart(ctx context.Context, rc *runc.Runc, cfg runtime.Co
 // died) and the pidfd's process still exists (so that pid was it).
 // Otherwise the runtime is asked, as for an adopted sandbox (watchOf).
 // TestStartWatchesOwnInit is the regression test.
-func (d *Driver) watchStarted(ctx context.Context, rc *runc.Runc, cfg runtime.Config, pid int) (*initWatch, error) {
+//
+// It records its time as runtime.PhaseWatch, the runtime's answer as
+// runtime.PhaseState.
+func (d *Driver) watchStarted(ctx context.Context, rc *runc.Runc, cfg runtime.Config, pid int, ph *runtime.Phases) (*initWatch, error) {
+	t := time.Now()
 	w, err := d.watchInit(cfg.ID, pid)
 	if err != nil {
 		return nil, fmt.Errorf("%w%s", err, tail(filepath.Join(d.dir(cfg.ID), "agent.log")))
 	}
 	if cfg.Runtime == runtime.GVisor {
+		ph.Mark(runtime.PhaseWatch, t)
 		return w, nil
 	}
 	if p, ok := d.sandboxInit(cfg.ID); ok && p == pid && w.running() {
+		ph.Mark(runtime.PhaseWatch, t)
 		return w, nil
 	}
+	t = ph.Mark(runtime.PhaseWatch, t)
 	// Asked after the pidfd was opened: the runtime reporting pid as its
 	// running init (it checks the process's start time) means the pidfd
 	// is of the init.
-	if st, err := rc.State(ctx, cfg.ID); err == nil && st.Pid == pid && st.Status == "running" {
+	st, err := rc.State(ctx, cfg.ID)
+	ph.Mark(runtime.PhaseState, t)
+	if err == nil && st.Pid == pid && st.Status == "running" {
 		return w, nil
 	}
 	w.stop()
@@ -496,31 +517,21 @@ const (
 )
 
 // waitAgent waits until the agent socket accepts a connection, woken by
-// inotify when the runtime's pid file appears in the sandbox directory
-// (recorded as the end of runtime.PhaseRuntime) and when the agent's
-// socket appears in its socket directory (runtime.PhaseAgent ends at the
-// first accepted connection). Without inotify it polls every agentPoll.
-func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{}, ph *runtime.Phases, t time.Time) error {
-	deadline := time.Now().Add(d.opts.StartTimeout)
+// inotify when the agent's socket appears in its socket directory, and
+// records the wait as runtime.PhaseAgent. Without inotify it polls every
+// agentPoll.
+func (d *Driver) waitAgent(ctx context.Context, id string, exited <-chan struct{}, ph *runtime.Phases) error {
+	t := time.Now()
+	deadline := t.Add(d.opts.StartTimeout)
 	dir := d.dir(id)
-	w := newDirWatch(dir, filepath.Join(dir, "run"))
+	w := newDirWatch(filepath.Join(dir, "run"))
 	// Closing an inotify instance waits for an RCU grace period (about
 	// 10 ms here): the start does not wait for it.
 	defer func() { go w.close() }()
-	created := false
 	for {
-		if !created {
-			if _, err := os.Lstat(filepath.Join(dir, pidFileName)); err == nil {
-				created = true
-				t = ph.Mark(runtime.PhaseRuntime, t)
-			}
-		}
 		c, err := d.Dial(ctx, id)
 		if err == nil {
 			c.Close()
-			if !created {
-				t = ph.Mark(runtime.PhaseRuntime, t)
-			}
 			ph.Mark(runtime.PhaseAgent, t)
 			return nil
 		}

@@ -46,7 +46,7 @@ func TestStartWatchesOwnInit(t *testing.T) {
 		return cmd
 	}
 	host := start() // a host process: not in the sandbox's cgroup, unknown to runc
-	if w, err := d.watchStarted(context.Background(), d.runc, cfg, host.Process.Pid); !errors.Is(err, errInitExited) {
+	if w, err := d.watchStarted(context.Background(), d.runc, cfg, host.Process.Pid, nil); !errors.Is(err, errInitExited) {
 		t.Fatalf("watchStarted of a host process = %v, %v; want errInitExited", w, err)
 	}
 	if os.Geteuid() != 0 {
@@ -69,7 +69,7 @@ func TestStartWatchesOwnInit(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(inside.Process.Pid)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	w, err := d.watchStarted(context.Background(), d.runc, cfg, inside.Process.Pid)
+	w, err := d.watchStarted(context.Background(), d.runc, cfg, inside.Process.Pid, nil)
 	if err != nil {
 		t.Fatalf("watchStarted of a process of the sandbox's cgroup: %v", err)
 	}
