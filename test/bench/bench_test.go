@@ -149,17 +149,8 @@ func benchCreate(b *testing.B, opts corral.CreateOptions, before func()) {
 		if before != nil {
 			before()
 		}
-		s.start()
-		sb, err := c.Create(ctx, opts)
-		created := time.Now()
-		if err != nil {
-			b.Fatalf("create: %v", err)
-		}
+		sb, res, err := timedCreateFirstExec(b, c, opts, s, call, first)
 		ids[sb.ID] = true
-		res, err := sb.Run(ctx, "true", trueArgv)
-		s.stop()
-		call.add(created.Sub(s.t0))
-		first.add(time.Since(created))
 		checkTrue(b, res, err)
 		if second != nil {
 			t0 := time.Now()
@@ -246,4 +237,25 @@ func checkTrue(b *testing.B, res *corral.CommandResult, err error) {
 	if res.ExitCode != 0 {
 		b.Fatalf("run true: exit %d (%s), stderr %q", res.ExitCode, res.Status, res.Stderr)
 	}
+}
+
+// timedCreateFirstExec creates a sandbox with opts and runs `true` in
+// it, as one timed section of s (create → first exec); call gets the
+// Create call's share and first the first command's. It fails b when
+// the create fails and returns the command's result for the caller to
+// check (after its kill, so that a failed check leaves no sandbox).
+func timedCreateFirstExec(b *testing.B, c *corral.Client, opts corral.CreateOptions, s, call, first *samples) (*corral.Sandbox, *corral.CommandResult, error) {
+	b.Helper()
+	ctx := context.Background()
+	s.start()
+	sb, err := c.Create(ctx, opts)
+	created := time.Now()
+	if err != nil {
+		b.Fatalf("create: %v", err)
+	}
+	res, err := sb.Run(ctx, "true", trueArgv)
+	s.stop()
+	call.add(created.Sub(s.t0))
+	first.add(time.Since(created))
+	return sb, res, err
 }

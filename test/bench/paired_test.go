@@ -69,18 +69,8 @@ func BenchmarkColdPaired(b *testing.B) {
 	}
 	members := []*member{
 		{name: "PairedCorral", run: func() {
-			s := pairedSamples["PairedCorral"]
-			s.start()
-			sb, err := c.Create(ctx, corral.CreateOptions{})
-			created := time.Now()
-			if err != nil {
-				b.Fatalf("create: %v", err)
-			}
+			sb, res, err := timedCreateFirstExec(b, c, corral.CreateOptions{}, pairedSamples["PairedCorral"], call, first)
 			ids[sb.ID] = true
-			res, err := sb.Run(ctx, "true", trueArgv)
-			s.stop()
-			call.add(created.Sub(s.t0))
-			first.add(time.Since(created))
 			kerr := sb.Kill(ctx)
 			st.sandbox = sb.ID
 			checkTrue(b, res, err)

@@ -213,22 +213,7 @@ func assertNoTrace(t *testing.T, id string) {
 func TestNoNetwork(t *testing.T) { eachRuntime(t, testNoNetwork) }
 
 func testNoNetwork(t *testing.T, rt string) {
-	ln, err := net.Listen("tcp", "0.0.0.0:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("host service\n"))
-			c.Close()
-		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
+	port := hostService(t, "0.0.0.0:0")
 	id := create(t, map[string]any{"runtime": rt})
 	if out := mustSh(t, id, "ip -o link | awk -F': ' '{print $2}'"); out != "lo\n" {
 		t.Fatalf("interfaces: %q, want only lo", out)
@@ -384,4 +369,27 @@ func TestHostUsersCannotReachSandboxFiles(t *testing.T) {
 	if got := mustSh(t, id, "sudo id -u"); got != "0\n" {
 		t.Fatalf("sudo inside the sandbox: %q", got)
 	}
+}
+
+// hostService listens on the host at addr, answers every connection with
+// "host service\n" and closes it, until the test ends; it returns the
+// port. A sandbox reaching it has reached a host service it must not.
+func hostService(t *testing.T, addr string) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("host service\n"))
+			c.Close()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -790,25 +790,7 @@ func testEscapeHostSide(t *testing.T, sb *escapeSandbox) {
 // its own loopback: a listener on the host's 127.0.0.1 and one on every
 // host address are both refused.
 func testEscapeHostServices(t *testing.T, sb *escapeSandbox) {
-	var ports []int
-	for _, addr := range []string{"127.0.0.1:0", "0.0.0.0:0"} {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				io.WriteString(c, "host service\n")
-				c.Close()
-			}
-		}()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
+	ports := []int{hostService(t, "127.0.0.1:0"), hostService(t, "0.0.0.0:0")}
 	for _, port := range ports {
 		for _, u := range []string{"user", "root"} {
 			res := sh(t, sb.id, py(fmt.Sprintf(`
@@ -842,22 +824,7 @@ func testEscapeNetwork(t *testing.T, rt string) {
 		t.Fatalf("http_proxy %q: %v", proxy, err)
 	}
 	gw := u.Hostname()
-	ln, err := net.Listen("tcp", "0.0.0.0:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			io.WriteString(c, "host service\n")
-			c.Close()
-		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
+	port := hostService(t, "0.0.0.0:0")
 	for _, u := range []string{"user", "root"} {
 		res := sh(t, sb.id, py(fmt.Sprintf(`
 for addr in (%q, '127.0.0.1'):
