@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/corralhq/corral/internal/safetext"
 )
 
 // MaxParamLen bounds the value of one query parameter, in bytes.
@@ -130,10 +132,8 @@ func badText(v string) string {
 	if !utf8.ValidString(v) {
 		return "not valid UTF-8"
 	}
-	for _, c := range v {
-		if c < 0x20 || c == 0x7f {
-			return "contains a control character"
-		}
+	if !safetext.Clean(v, false) {
+		return "contains a control character"
 	}
 	return ""
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corralhq/corral/internal/idgen"
+	"github.com/corralhq/corral/internal/safetext"
 	"github.com/corralhq/corral/internal/store"
 )
 
@@ -210,10 +211,8 @@ func CheckAgent(agent string) error {
 	if len(agent) > maxAgentLen {
 		return &InvalidError{Msg: fmt.Sprintf("agent must be at most %d bytes", maxAgentLen)}
 	}
-	for _, c := range agent {
-		if c < 0x20 || c == 0x7f {
-			return &InvalidError{Msg: fmt.Sprintf("agent %q holds a control character", agent)}
-		}
+	if !safetext.Clean(agent, false) {
+		return &InvalidError{Msg: fmt.Sprintf("agent %q holds a control character", agent)}
 	}
 	return nil
 }

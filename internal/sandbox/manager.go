@@ -17,7 +17,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/corralhq/corral/internal/agentclient"
 	"github.com/corralhq/corral/internal/egress"
@@ -26,6 +25,7 @@ import (
 	"github.com/corralhq/corral/internal/inroot"
 	"github.com/corralhq/corral/internal/pool"
 	"github.com/corralhq/corral/internal/runtime"
+	"github.com/corralhq/corral/internal/safetext"
 	"github.com/corralhq/corral/internal/store"
 	"github.com/corralhq/corral/internal/volume"
 	"github.com/corralhq/corral/internal/watchdog"
@@ -475,7 +475,7 @@ func (m *Manager) validateBase(req *CreateRequest) (*store.Sandbox, runtime.Conf
 		if k == "" || len(k) > MaxMetadataKey || len(v) > MaxMetadataValue {
 			return nil, rc, invalid("metadata keys must be 1..%d bytes and values at most %d bytes", MaxMetadataKey, MaxMetadataValue)
 		}
-		if !printable(k, false) || !printable(v, true) {
+		if !safetext.Clean(k, false) || !safetext.Clean(v, true) {
 			return nil, rc, invalid("metadata %q: keys hold no control characters, values none but tab, newline and carriage return", k)
 		}
 	}
@@ -1511,22 +1511,6 @@ func (m *Manager) Dial(ctx context.Context, id string) (net.Conn, error) {
 		return nil, ErrNotFound
 	}
 	return m.driver.Dial(ctx, id)
-}
-
-// printable reports whether s is UTF-8 without control characters (with
-// space: tab, newline and carriage return allowed), for metadata: it
-// defends against a key or value that would forge lines where it is
-// shown or logged, or a NUL other readers would cut it at.
-func printable(s string, space bool) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, c := range s {
-		if (c < 0x20 || c == 0x7f) && !(space && (c == '\t' || c == '\n' || c == '\r')) {
-			return false
-		}
-	}
-	return true
 }
 
 func firstNonEmpty(vs ...string) string {
