@@ -3,7 +3,6 @@ package api_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -355,15 +354,16 @@ func TestE2BUnsupportedNot500(t *testing.T) {
 // quota lowered after the server started (below what TestKeyQuotaNotRaised
 // capped admission at), runc fails the create with "unable to create
 // session key: disk quota exceeded", which reached both APIs as 500
-// internal. The fake driver fails Start with runc's error text, through
-// the real Manager and error mapping: the native create is 429
+// internal. The fake driver fails Start as the runc driver reports it
+// (runtime.ErrKeyQuota around runc's text; TestRuncKeyQuotaFull checks
+// the recognition), through the real Manager and error mapping: the native create is 429
 // capacity_exceeded naming kernel.keys.maxkeys with Retry-After, E2B's
 // create the same in E2B's shape, and no sandbox is left.
 func TestKeyQuotaRefusalIsCapacity(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 10)
 	e.d.OnStart(func(runtime.Config) error {
-		return errors.New(`runc run: exit status 1: time="2026-12-02T07:00:00Z" level=error msg="runc run failed: unable to start container process: ` +
+		return fmt.Errorf("%w: %s", runtime.ErrKeyQuota, `runc run: exit status 1: time="2026-12-02T07:00:00Z" level=error msg="runc run failed: unable to start container process: `+
 			`error during container init: unable to join session keyring: unable to create session key: disk quota exceeded"`)
 	})
 	for _, c := range []struct {

@@ -144,7 +144,7 @@ func classify(err error) apiFailure {
 		return apiFailure{status: http.StatusNotFound, code: CodeNotFound, msg: "not found (it ended or was deleted during the call)"}
 	case errors.Is(err, sandbox.ErrConflict):
 		return apiFailure{status: http.StatusConflict, code: CodeConflict, msg: "the sandbox's state does not allow this (paused or running already)"}
-	case keyQuotaFull(err):
+	case errors.Is(err, runtime.ErrKeyQuota):
 		c := &govern.CapacityError{Limit: govern.CapacityGlobal, RetryAfter: keyQuotaRetry, Msg: keyQuotaMsg}
 		return apiFailure{status: http.StatusTooManyRequests, code: CodeCapacityExceeded, msg: c.Msg, capacity: c}
 	}
@@ -159,18 +159,6 @@ const keyQuotaMsg = "the kernel's per-user key quota is full (kernel.keys.maxkey
 
 // keyQuotaRetry is the Retry-After of that refusal.
 const keyQuotaRetry = 5 * time.Second
-
-// keyQuotaFull reports whether err is runc's "unable to create session
-// key: disk quota exceeded" (EDQUOT from add_key): the kernel's per-user
-// key quota, which the server checks at start (internal/server
-// keyquota.go) but an operator can lower later, is full. It reaches the
-// API as the runtime's text (runc's log tail), so it is recognised by
-// that text. It defends against a known capacity condition answered as a
-// 500 internal fault: it is capacity_exceeded, naming the quota.
-func keyQuotaFull(err error) bool {
-	msg := err.Error()
-	return strings.Contains(msg, "session key") && strings.Contains(msg, "disk quota exceeded")
-}
 
 // writeErr answers err in the native shape ({"code", "message"}).
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {

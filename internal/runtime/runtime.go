@@ -197,6 +197,12 @@ type Driver interface {
 // platform does not offer (Pause, NetNS or Snapshot of a Kubernetes Pod).
 var ErrUnsupported = errors.New("not supported by this runtime driver")
 
+// ErrKeyQuota is returned (wrapped) by a driver whose runtime could not
+// give a sandbox its session keyring because the kernel's per-user key
+// quota (kernel.keys.maxkeys, maxbytes) is full: a capacity condition,
+// not a fault of the server.
+var ErrKeyQuota = errors.New("the kernel's per-user key quota is full")
+
 // EgressSwitch is implemented by drivers that admit a sandbox to the
 // egress proxy at the network level themselves (the kube driver: a Pod
 // label its NetworkPolicy selects). SetEgress admits (on) or shuts out

@@ -355,7 +355,11 @@ func (d *Driver) runtimeStart(ctx context.Context, rc *runc.Runc, cfg runtime.Co
 		err = fmt.Errorf("exit status %d", code)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("%s %s: %w%s", rc.Command, verb[0], err, tail(filepath.Join(dir, "agent.log")))
+		err = fmt.Errorf("%s %s: %w%s", rc.Command, verb[0], err, tail(filepath.Join(dir, "agent.log")))
+		if runcKeyQuotaFull(err.Error()) {
+			err = fmt.Errorf("%w: %w", runtime.ErrKeyQuota, err)
+		}
+		return 0, err
 	}
 	pid, err := readPidFile(filepath.Join(dir, pidFileName))
 	if err != nil {
@@ -1015,4 +1019,16 @@ func (d *Driver) AgentLog(id string) string {
 		return ""
 	}
 	return strings.TrimPrefix(tail(filepath.Join(d.dir(id), "agent.log")), ": ")
+}
+
+// runcKeyQuotaFull reports whether text, a runtime's failure with its
+// log tail, is runc's "unable to create session key: disk quota
+// exceeded" (EDQUOT from add_key): the kernel's per-user key quota,
+// which the server checks at start (internal/server keyquota.go) but an
+// operator can lower later, is full. runc says so only in text, so it is
+// recognised here, in the driver that runs runc, and reported as
+// runtime.ErrKeyQuota: it defends against a known capacity condition
+// answered as a server fault.
+func runcKeyQuotaFull(text string) bool {
+	return strings.Contains(text, "session key") && strings.Contains(text, "disk quota exceeded")
 }
