@@ -898,6 +898,13 @@ func filesReq(t *testing.T, id, method, path, user string, body io.Reader) (int,
 	t.Helper()
 	req, _ := http.NewRequest(method, env.url+"/v1/sandboxes/"+id+"/files?path="+url.QueryEscape(path)+"&username="+user, body)
 	req.Header.Set("X-API-Key", env.key)
+	return doRequest(t, req)
+}
+
+// doRequest sends req and returns its status and the first MiB of its
+// body; it fails t when the request cannot be sent.
+func doRequest(t *testing.T, req *http.Request) (int, string) {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -990,13 +997,7 @@ func testEscapeVolumes(t *testing.T, rt string) {
 	content_ := func(method, p string, body io.Reader) (int, string) {
 		req, _ := http.NewRequest(method, env.url+"/volumecontent/"+v.ID+"/file?path="+url.QueryEscape(p), body)
 		req.Header.Set("Authorization", "Bearer "+v.Token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		return resp.StatusCode, string(b)
+		return doRequest(t, req)
 	}
 	for _, p := range []string{"/abs/marker", "/rel/marker", "/root" + dir + "/marker", "/absfile"} {
 		if code, body := content_("GET", p, nil); code == http.StatusOK || strings.Contains(body, content) {
