@@ -31,6 +31,9 @@ type stmtCache struct {
 	stmts     map[string]*sql.Stmt
 	preparing map[string]bool
 	closed    bool
+	// prepares counts the background prepares not yet finished; close
+	// waits for them.
+	prepares sync.WaitGroup
 }
 
 func newStmtCache(pool *sql.DB) *stmtCache {
@@ -52,11 +55,13 @@ func (c *stmtCache) get(q string) *sql.Stmt {
 		return nil
 	}
 	c.preparing[q] = true
+	c.prepares.Add(1)
 	go c.prepare(q)
 	return nil
 }
 
 func (c *stmtCache) prepare(q string) {
+	defer c.prepares.Done()
 	st, err := c.pool.PrepareContext(context.Background(), q)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -71,16 +76,21 @@ func (c *stmtCache) prepare(q string) {
 	c.stmts[q] = st
 }
 
-// close closes the prepared statements (before the pool closes).
+// close closes the prepared statements (before the pool closes) and
+// waits for the prepares in flight. Defends against a prepare outliving
+// the store: one still waiting for a connection would otherwise run
+// after Close returned, opening the database's files while the caller
+// removes its data directory.
 func (c *stmtCache) close() {
 	if c == nil {
 		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.closed = true
 	for q, st := range c.stmts {
 		st.Close()
 		delete(c.stmts, q)
 	}
+	c.mu.Unlock()
+	c.prepares.Wait()
 }

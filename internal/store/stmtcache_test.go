@@ -70,3 +70,47 @@ func TestStmtCacheInTransaction(t *testing.T) {
 		t.Fatalf("%d commands (%v), want 6", len(cmds), err)
 	}
 }
+
+// TestStmtCacheCloseWaitsForPrepares: close returns only once the
+// prepares it started have finished. Defends against a prepare outliving
+// the store: one waiting for the pool's connection when the store closed
+// ran after Close returned, holding or creating the database's files
+// while the caller removed the data dir (a test's TempDir cleanup failed
+// with "directory not empty").
+func TestStmtCacheCloseWaitsForPrepares(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	c := newStmtCache(s.db.sql)
+	// Hold the writer pool's one connection: the prepare waits for it.
+	conn, err := s.db.sql.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const q = `SELECT count(*) FROM commands`
+	if st := c.get(q); st != nil {
+		t.Fatal("a first get returned a statement")
+	}
+	closed := make(chan struct{})
+	go func() {
+		c.close()
+		close(closed)
+	}()
+	// While the prepare waits for the connection, close does not return.
+	// (Without the wait, it returns at once.)
+	select {
+	case <-closed:
+		t.Fatal("close returned while its prepare was still waiting for a connection")
+	case <-time.After(2 * time.Second):
+	}
+	conn.Close() // the prepare may now run, and close may return
+	<-closed
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.preparing) != 0 || len(c.stmts) != 0 {
+		t.Fatalf("after close: %d prepares in flight, %d statements kept; want none", len(c.preparing), len(c.stmts))
+	}
+}
