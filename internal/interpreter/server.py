@@ -539,7 +539,11 @@ class Context:
                 return
         started = time.monotonic()
         deadline = started + run.timeout if run.timeout else None
-        msg_id = self.kc.execute(run.code, silent=False, store_history=True, allow_stdin=False, stop_on_error=True)
+        # stop_on_error=False: runs are sent one at a time, so the kernel
+        # has nothing queued to abort after an error; with True, a run sent
+        # right after an error (or an interrupt) could land in the kernel's
+        # abort window and come back "aborted" without having run.
+        msg_id = self.kc.execute(run.code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False)
         interrupted_at = None
         reason = None
         error_sent = False
@@ -595,8 +599,12 @@ class Context:
                     run.emit({"type": "error", "name": content.get("ename", ""), "value": content.get("evalue", ""),
                               "traceback": "\n".join(content.get("traceback", []))})
         took = time.monotonic() - started
-        if outcome == "idle":
-            self._reply_status(msg_id)
+        if outcome == "idle" and self._reply_status(msg_id) == "aborted" and not error_sent:
+            # The kernel refused the request without running it: never a
+            # silent success with no result.
+            run.emit({"type": "error", "name": "ExecutionAborted",
+                      "value": "the kernel aborted the run before it started; the code did not run", "traceback": ""})
+            error_sent = True
         if outcome in ("died", "stuck"):
             why = self._exit_description() if outcome == "died" else None
             self._restart()
