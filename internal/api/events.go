@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -205,4 +206,18 @@ func (l *eventStreamLimits) acquire(id Identity) (release func(), refusal string
 		taken = append(taken, r)
 	}
 	return undo, ""
+}
+
+// auditChange records the event of a change to who may do what (API
+// keys, secrets, team quotas, published templates) and returns once it is
+// stored. Such an event is answered only after its commit: a control plane
+// that crashes right after the answer still has it, and another replica
+// reading the shared store sees it from the answer on (other events are
+// batched: a few milliseconds and one commit later).
+func (s *Server) auditChange(ctx context.Context, kind string, data any) {
+	if s.cfg.Audit == nil {
+		return
+	}
+	s.cfg.Audit.RecordBy(ctx, "", kind, data)
+	s.cfg.Audit.Sync()
 }

@@ -70,9 +70,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, r, err)
 		return
 	}
-	if s.cfg.Audit != nil {
-		s.cfg.Audit.RecordBy(r.Context(), "", "key.created", map[string]any{"key_id": k.ID, "team": k.Team, "role": k.Role, "name": k.Name})
-	}
+	s.auditChange(r.Context(), "key.created", map[string]any{"key_id": k.ID, "team": k.Team, "role": k.Role, "name": k.Name})
 	writeJSON(w, http.StatusCreated, newKeyView{Key: key, ID: k.ID, Team: k.Team, Role: k.Role, Name: k.Name, CreatedAt: ts(k.CreatedAt)})
 }
 
@@ -101,8 +99,8 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
 	k, revoked, err := s.store.RevokeAPIKey(r.Context(), r.PathValue("id"), time.Now())
 	if err == nil {
-		if revoked && s.cfg.Audit != nil {
-			s.cfg.Audit.RecordBy(r.Context(), "", "key.revoked", map[string]any{"key_id": k.ID, "team": k.Team, "role": k.Role, "name": k.Name})
+		if revoked {
+			s.auditChange(r.Context(), "key.revoked", map[string]any{"key_id": k.ID, "team": k.Team, "role": k.Role, "name": k.Name})
 		}
 		writeJSON(w, http.StatusOK, keyOut(k))
 		return

@@ -263,3 +263,41 @@ func TestMemberKeyAdminRoutes(t *testing.T) {
 		t.Fatalf("admin /metrics: %d %s", code, body)
 	}
 }
+
+// TestKeyEventsStoredBeforeTheAnswer: the audit event of a key's creation
+// and of its revocation is in the store when the API answers (read here
+// without the log's Sync, as another replica on a shared store reads it).
+// Defends against a security change whose event is still queued when it
+// is answered: lost if the control plane crashes then, and missing from
+// another replica's audit log (TestTwoControlPlanesOnePostgresStore saw
+// none of the first replica's key events).
+func TestKeyEventsStoredBeforeTheAnswer(t *testing.T) {
+	e := newKeysEnv(t)
+	ctx := context.Background()
+	count := func(kind, id string) int {
+		t.Helper()
+		evs, err := e.st.ListEvents(ctx, store.EventFilter{Kind: kind})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, ev := range evs {
+			if strings.Contains(string(ev.Data), id) {
+				n++
+			}
+		}
+		return n
+	}
+	for i := range 10 {
+		v := e.create("team-x", store.RoleMember, "ci")
+		if n := count("key.created", v.ID); n != 1 {
+			t.Fatalf("round %d: %d key.created events for %s when the create was answered, want 1", i, n, v.ID)
+		}
+		if code, body := e.do("DELETE", "/v1/keys/"+v.ID, testKey, ""); code != http.StatusOK {
+			t.Fatalf("revoke: %d %s", code, body)
+		}
+		if n := count("key.revoked", v.ID); n != 1 {
+			t.Fatalf("round %d: %d key.revoked events for %s when the revoke was answered, want 1", i, n, v.ID)
+		}
+	}
+}

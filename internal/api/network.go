@@ -120,9 +120,7 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mgr.RefreshSecrets(r.Context(), team, name)
-	if s.cfg.Audit != nil {
-		s.cfg.Audit.RecordBy(r.Context(), "", "secret.set", map[string]any{"name": name, "hosts": req.Hosts, "header": req.Header, "allow_http": req.AllowHTTP})
-	}
+	s.auditChange(r.Context(), "secret.set", map[string]any{"name": name, "hosts": req.Hosts, "header": req.Header, "allow_http": req.AllowHTTP})
 	got, err := s.store.GetSecret(r.Context(), team, name)
 	if err != nil {
 		s.writeErr(w, r, err)
@@ -223,9 +221,7 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	// The redactor keeps the value: it may still appear in logs of
 	// requests made before the delete.
 	s.mgr.RefreshSecrets(r.Context(), team, name)
-	if s.cfg.Audit != nil {
-		s.cfg.Audit.RecordBy(r.Context(), "", "secret.deleted", map[string]any{"name": name, "team": team})
-	}
+	s.auditChange(r.Context(), "secret.deleted", map[string]any{"name": name, "team": team})
 	w.WriteHeader(http.StatusNoContent)
 }
 

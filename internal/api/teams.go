@@ -109,9 +109,7 @@ func (s *Server) putTeamQuota(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := s.teamOut(team, &o)
-	if s.cfg.Audit != nil {
-		s.cfg.Audit.RecordBy(r.Context(), "", "team.quota_set", map[string]any{"team": team, "override": v.Override})
-	}
+	s.auditChange(r.Context(), "team.quota_set", map[string]any{"team": team, "override": v.Override})
 	writeJSON(w, http.StatusOK, v)
 }
 

@@ -95,9 +95,7 @@ func (s *Server) publishTemplate(w http.ResponseWriter, r *http.Request) {
 		s.templateErr(w, r, err)
 		return
 	}
-	if s.cfg.Audit != nil {
-		s.cfg.Audit.RecordBy(r.Context(), "", "template.published", map[string]any{"template": name})
-	}
+	s.auditChange(r.Context(), "template.published", map[string]any{"template": name})
 	t, err := s.templates.Resolve(r.Context(), name)
 	if err != nil {
 		s.templateErr(w, r, err)
