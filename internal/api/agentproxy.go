@@ -162,7 +162,7 @@ func (p *processRelay) Start(ctx context.Context, req *connect.Request[process.S
 			p.abortIfGone(ctx)
 			return err
 		}
-		if !p.mgr.Running(sandboxIDFrom(ctx)) {
+		if !proc.Live() {
 			// The sandbox is being killed: what its processes say while
 			// dying (SIGTERM end events) is not a result.
 			panic(http.ErrAbortHandler)

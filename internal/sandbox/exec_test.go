@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -149,5 +150,63 @@ func TestParallelCallsAtLimit(t *testing.T) {
 	stored, err := h.st.GetTask(ctx, task.ID)
 	if err != nil || stored.Usage.Calls != maxCalls {
 		t.Fatalf("stored calls: %+v (%v), want %d", stored, err, maxCalls)
+	}
+}
+
+// TestTrippingCallKeepsItsResult: the call whose end opens its task's
+// breaker (a detected loop) is still a live result, though the kill the
+// breaker causes ends the sandbox right after. Defends against the
+// relay (the E2B process API) dropping that call's end event and cutting
+// the client's stream ("incomplete envelope") because it looked at the
+// sandbox after the kill: the drill's looping agent saw a protocol error
+// instead of its last result and then loop_detected.
+func TestTrippingCallKeepsItsResult(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testConfig(t))
+	h.m.Shutdown(context.Background(), false)
+	al := audit.New(h.st, nil, nil)
+	t.Cleanup(al.Close)
+	h.cfg.Audit = al
+	killed := make(chan struct{})
+	var m *sandbox.Manager
+	h.cfg.Governor = govern.New(govern.Config{Audit: al, OnTrip: func(tk *store.Task) {
+		m.OnTrip(tk)
+		close(killed)
+	}}, h.st)
+	h.m = h.open()
+	m = h.m
+	ctx := context.Background()
+	task, err := h.cfg.Governor.Create(ctx, govern.TaskRequest{Team: store.DefaultTeam, Agent: "t", MaxCalls: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := h.create(sandbox.CreateRequest{Task: task.ID})
+	for i := 1; ; i++ {
+		p, err := h.m.StartProcess(ctx, sb.ID, &process.StartRequest{Process: &process.ProcessConfig{Cmd: "exit", Args: []string{"3"}}}, "", 0)
+		if err != nil {
+			t.Fatalf("call %d: %v (the breaker never opened)", i, err)
+		}
+		var end *process.ProcessEvent_EndEvent
+		for end == nil {
+			msg, err := p.Receive()
+			if err != nil || msg == nil {
+				t.Fatalf("call %d: stream ended without an end event: %v", i, err)
+			}
+			end = msg.GetEvent().GetEnd()
+		}
+		p.Close()
+		if w := strings.Join(p.Warnings(), " "); !strings.Contains(w, govern.CodeLoopDetected) {
+			continue // no trip yet
+		}
+		<-killed
+		// This call's end opened the breaker, and the kill it caused
+		// has ended the sandbox: the end event is still a result.
+		if h.m.Running(sb.ID) {
+			t.Fatal("the sandbox still runs after its task's breaker opened with on_trip kill")
+		}
+		if !p.Live() || end.GetExitCode() != 3 {
+			t.Fatalf("call %d opened the breaker: Live %v, exit %d; want its result kept (Live, exit 3)", i, p.Live(), end.GetExitCode())
+		}
+		return
 	}
 }

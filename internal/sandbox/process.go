@@ -59,9 +59,12 @@ type Process struct {
 	// ended: the end event was received; drained: Close read the rest
 	// of the stream.
 	ended, drained bool
-	task           string
-	call           *govern.CallTicket
-	warnings       []string
+	// live: the sandbox was running when the last message arrived (see
+	// Live).
+	live     bool
+	task     string
+	call     *govern.CallTicket
+	warnings []string
 	// by carries the actor (team, API key id) of the request that
 	// started the command, for its audit event.
 	by context.Context
@@ -147,6 +150,9 @@ func (p *Process) Receive() (*process.StartResponse, error) {
 		return nil, err
 	}
 	msg := p.stream.Msg()
+	// Before finish: the end event's call may open its task's breaker,
+	// whose kill then races the caller's look at the sandbox.
+	p.live = p.m.Running(p.id)
 	ev := msg.GetEvent()
 	if d := ev.GetData(); d != nil {
 		p.rec.StdoutBytes += int64(len(d.GetStdout())) + int64(len(d.GetPty()))
@@ -168,6 +174,15 @@ func (p *Process) Receive() (*process.StartResponse, error) {
 	}
 	return msg, nil
 }
+
+// Live reports whether the sandbox was running when the message Receive
+// last returned arrived: false for what a sandbox's processes say while
+// it is being killed (SIGTERM end events), which is no result. It is
+// decided before the message's end is recorded, and defends against a
+// command's own result being dropped when that end opens its task's
+// breaker (a detected loop) and the kill that follows ends the sandbox
+// before the caller relays the end event.
+func (p *Process) Live() bool { return p.live }
 
 func (p *Process) finish(end *process.ProcessEvent_EndEvent, err error) {
 	if p.done {
