@@ -205,7 +205,8 @@ type Manager struct {
 	templates TemplateRegistry
 	log       *slog.Logger
 
-	// mu guards live, closing, work and idle.
+	// mu guards live, closing, work and idle. It may be held while
+	// calling the pools (never the other way round).
 	mu sync.Mutex
 	// live holds the sandboxes this process runs, by id.
 	live map[string]*liveSandbox
@@ -585,10 +586,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
 	m.addLive(ls)
 	defer m.countWorkLocked()() // under mu, !closing: Shutdown waits for this create
-	m.mu.Unlock()
 	if pd != nil {
-		m.pools.Release(pd.ID) // live now: the reaper sees it as such
+		// Live now: the reaper sees it as such. Released under mu while
+		// not closing, so that Shutdown's Drain, which stops every taken
+		// sandbox not released, leaves this one to the create.
+		m.pools.Release(pd.ID)
 	}
+	m.mu.Unlock()
 
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
 		m.forget(rec.ID)

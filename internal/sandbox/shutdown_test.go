@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -295,4 +296,68 @@ func TestShutdownWaitsForResumeInFlight(t *testing.T) {
 			t.Errorf("after a refused resume the record is %s, want paused", got.State)
 		}
 	})
+}
+
+// TestShutdownStopsTakenPooledSandbox defends against a warm-pool
+// sandbox outliving the shutdown through a create that had taken it: a
+// create that took a pooled sandbox and then waited for admission (its
+// work not counted yet) gave it back with a background discard once it
+// saw the server closing, after Shutdown had drained the pools, so the
+// discard's runtime Stop ran, if at all, after the server closed its
+// store and driver (pooled sandboxes have no record and are never
+// adopted: a leaked overlay mount and runc container). Shutdown must
+// return with the taken sandbox stopped, whether the create is still
+// waiting (it then gives back nothing: the sandbox is stopped once) or
+// was admitted by the slot a killAll freed.
+func TestShutdownStopsTakenPooledSandbox(t *testing.T) {
+	for _, killAll := range []bool{false, true} {
+		t.Run(fmt.Sprintf("killAll=%v", killAll), func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Admission = govern.NewAdmission(govern.AdmissionConfig{MaxConcurrent: 50, MaxPerAgent: 1,
+				AgentRate: 1000, AgentBurst: 1000, QueueTimeout: time.Minute})
+			h := newHarness(t, cfg)
+			ctx := context.Background()
+			live := h.create(sandbox.CreateRequest{Agent: "a"}) // holds agent a's only slot
+			if _, err := h.m.SetPool(ctx, sandbox.PoolConfig{Template: "base", Min: 1, Max: 1}); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the pool to fill", func() bool { ps := h.m.Pools(); return len(ps) == 1 && ps[0].Idle == 1 })
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			created := make(chan error, 1)
+			go func() {
+				_, err := h.m.Create(cctx, sandbox.CreateRequest{Agent: "a"})
+				created <- err
+			}()
+			eventually(t, "the pooled create to wait for agent a's slot", func() bool {
+				ps := h.m.Pools()
+				return cfg.Admission.Stats().Waiting == 1 && ps[0].Hits == 1
+			})
+			h.m.Shutdown(ctx, killAll)
+			defer func() { h.m = h.open() }()
+			want := []string{live.ID}
+			if killAll {
+				want = nil
+			}
+			heldAtReturn := h.held()
+			if !slices.Equal(heldAtReturn, want) {
+				t.Errorf("when Shutdown returned the driver held %v, want %v: the taken pooled sandbox outlived it", heldAtReturn, want)
+			}
+			stops := h.d.Stops()
+			cancel()
+			err := <-created
+			if killAll && !errors.Is(err, sandbox.ErrShuttingDown) {
+				t.Errorf("the pooled create admitted during Shutdown: %v, want ErrShuttingDown", err)
+			}
+			if !killAll && !errors.Is(err, context.Canceled) {
+				t.Errorf("the pooled create still waiting after Shutdown: %v, want its context's end", err)
+			}
+			if n := h.d.Stops(); n != stops {
+				t.Errorf("the create stopped %d sandboxes after Shutdown had returned, want none", n-stops)
+			}
+			if held := h.held(); !slices.Equal(held, want) {
+				t.Errorf("after the create returned the driver holds %v, want %v", held, want)
+			}
+		})
+	}
 }
