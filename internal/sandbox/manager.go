@@ -731,7 +731,11 @@ func (m *Manager) expire(id string) {
 	}
 	m.mu.Unlock()
 	if auto {
-		_, err := m.PauseWith(context.Background(), id, !memory)
+		pause := m.persist // counted by this expiry, also once Shutdown has begun
+		if memory {
+			pause = m.Pause
+		}
+		_, err := pause(context.Background(), id)
 		if err == nil {
 			m.audit(id, "sandbox.auto_paused", map[string]any{"memory": memory})
 			return
@@ -1455,7 +1459,8 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 
 // beginWork counts work in flight that starts or changes sandboxes on
 // its own (a create, a pool refill's start, a TTL expiry with its
-// auto-pause, a resume of a persisted sandbox) for Shutdown to wait for;
+// auto-pause, a pause to disk, a resume of a persisted sandbox) for
+// Shutdown to wait for;
 // false (nothing counted) once Shutdown has begun: such work then starts
 // nothing. The caller calls done when the work has finished or been
 // undone.

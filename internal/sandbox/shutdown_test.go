@@ -361,3 +361,59 @@ func TestShutdownStopsTakenPooledSandbox(t *testing.T) {
 		})
 	}
 }
+
+// TestShutdownWaitsForPersistedPauseInFlight defends against a user's
+// pause to disk (persist: snapshot the files, stop the processes)
+// outliving the shutdown half-made: it was no work Shutdown waited for,
+// so the server went on to close its store and driver while the pause
+// still stopped the sandbox and then wrote its record (a stopped
+// sandbox whose record says running, or a write to a closed store).
+// Shutdown must return only once that pause has finished: the sandbox
+// stopped, its record paused (the next start adopts it as such). And a
+// pause to disk asked for once Shutdown has begun changes nothing:
+// ErrShuttingDown, the sandbox left running.
+func TestShutdownWaitsForPersistedPauseInFlight(t *testing.T) {
+	t.Run("in flight", func(t *testing.T) {
+		h := newHarness(t, testConfig(t))
+		rec := h.create(sandbox.CreateRequest{})
+		g := newGate()
+		h.d.OnStop(func(id string) {
+			if id == rec.ID {
+				g.hold()
+			}
+		})
+		paused := make(chan error, 1)
+		go func() {
+			_, err := h.m.PauseWith(context.Background(), rec.ID, true)
+			paused <- err
+		}()
+		early, heldAtReturn := h.shutdownWhileHeld(g, false)
+		if early {
+			t.Error("Shutdown returned while a pause to disk was still stopping the sandbox")
+		}
+		if len(heldAtReturn) != 0 {
+			t.Errorf("when Shutdown returned the driver held %v, want the paused sandbox stopped", heldAtReturn)
+		}
+		if got := h.record(rec.ID); got.State != store.StatePaused || got.Persisted == "" {
+			t.Errorf("after Shutdown the record is %s (persisted %q), want paused to disk", got.State, got.Persisted)
+		}
+		if err := <-paused; err != nil {
+			t.Errorf("the pause in flight at Shutdown: %v", err)
+		}
+	})
+	t.Run("after", func(t *testing.T) {
+		h := newHarness(t, testConfig(t))
+		rec := h.create(sandbox.CreateRequest{})
+		h.m.Shutdown(context.Background(), false)
+		defer func() { h.m = h.open() }()
+		if _, err := h.m.PauseWith(context.Background(), rec.ID, true); !errors.Is(err, sandbox.ErrShuttingDown) {
+			t.Errorf("a pause to disk once Shutdown has begun: %v, want ErrShuttingDown", err)
+		}
+		if held := h.held(); !slices.Equal(held, []string{rec.ID}) {
+			t.Errorf("after a refused pause the driver holds %v, want the sandbox still running", held)
+		}
+		if got := h.record(rec.ID); got.State != store.StateRunning || got.Persisted != "" {
+			t.Errorf("after a refused pause the record is %s (persisted %q), want running", got.State, got.Persisted)
+		}
+	})
+}
