@@ -118,19 +118,25 @@ type Pools struct {
 	log      *slog.Logger
 	pressure func() bool
 
-	// mu guards byName, ids and every pool's fields.
+	// mu guards byName, ids, taken, closed and every pool's fields.
 	mu     sync.Mutex
 	byName map[key]*pool
-	// ids are the sandboxes the pools own (idle or starting), which the
-	// reaper must leave alone.
+	// ids are the sandboxes the pools own (idle, starting or taken),
+	// which the reaper must leave alone.
 	ids map[string]bool
+	// taken are the sandboxes Take handed to a create that has neither
+	// made them live (Release) nor given them back (DiscardLater) yet:
+	// Drain stops them.
+	taken map[string]*Idle
 	// refilling keeps one refill pass at a time.
 	refilling sync.Mutex
 	// closed is set by Drain (under mu): no refill starts a sandbox
-	// after it, and what a refill in flight started is stopped.
+	// after it, what a refill in flight started is stopped, and every
+	// pooled sandbox left (idle or taken) is Drain's alone to stop.
 	closed bool
-	// inflight counts the refill passes and background discards
-	// running, which Drain waits for; Add only under mu while !closed.
+	// inflight counts the refill passes and the stops of sandboxes taken
+	// out of the pools (discards, evictions), which Drain waits for; Add
+	// only under mu while !closed.
 	inflight sync.WaitGroup
 }
 
@@ -145,7 +151,7 @@ func New(s Starter, st *store.Store, audit auditRecorder, pressure func() bool, 
 		log = slog.Default()
 	}
 	return &Pools{starter: s, st: st, audit: audit, log: log, pressure: pressure,
-		byName: map[key]*pool{}, ids: map[string]bool{}}
+		byName: map[key]*pool{}, ids: map[string]bool{}, taken: map[string]*Idle{}}
 }
 
 func (ps *Pools) record(ctx context.Context, kind string, data any) {
@@ -198,17 +204,23 @@ func (ps *Pools) Set(ctx context.Context, c Config) (Stats, error) {
 	p.cfg = c
 	p.target = max(c.Min, min(p.target, c.Max))
 	var drop []*Idle
-	for len(p.idle) > c.Max {
+	for !ps.closed && len(p.idle) > c.Max { // once closed, Drain stops them
 		drop = append(drop, p.idle[0])
 		p.idle = p.idle[1:]
 	}
+	if len(drop) > 0 {
+		ps.inflight.Add(1)
+	}
 	st := p.statsLocked()
-	if c.Max == 0 {
+	if c.Max == 0 && len(p.idle) == 0 {
 		delete(ps.byName, k)
 	}
 	ps.mu.Unlock()
-	for _, d := range drop {
-		ps.Discard(d)
+	if len(drop) > 0 {
+		for _, d := range drop {
+			ps.discard(d)
+		}
+		ps.inflight.Done()
 	}
 	ps.record(ctx, "pool.set", map[string]any{"team": c.Team, "template": c.Template, "min": c.Min, "max": c.Max, "max_idle_s": int64(c.MaxIdle / time.Second)})
 	go ps.Refill()
@@ -258,13 +270,16 @@ func (ps *Pools) Load(ctx context.Context) {
 // that runs version (the template's current version; older ones are
 // dropped). Only team's own pool serves it: a sandbox started for one
 // team is never handed to another. On a miss the pool's target grows (up
-// to its max). The sandbox stays owned (Owns) until the create has made
-// it live (Release) or given it up (Discard).
+// to its max); once the pools are drained every take misses. The
+// sandbox stays owned (Owns) until the create has made it live
+// (Release) or given it up (DiscardLater); one still taken when Drain
+// runs is stopped by Drain, so a create must Release it before Drain
+// can begin (the Manager does so under its lock, while not closing).
 func (ps *Pools) Take(team, template, version string) *Idle {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	p := ps.byName[key{teamOr(team), template}]
-	if p == nil {
+	if p == nil || ps.closed {
 		return nil
 	}
 	for len(p.idle) > 0 {
@@ -272,6 +287,7 @@ func (ps *Pools) Take(team, template, version string) *Idle {
 		p.idle = p.idle[1:]
 		if pd.Version == version && ps.starter.Alive(pd.ID) {
 			p.stats.Hits++
+			ps.taken[pd.ID] = pd
 			return pd
 		}
 		ps.discardLocked(pd)
@@ -303,6 +319,10 @@ func (ps *Pools) MakeRoom() {
 		return
 	}
 	ps.mu.Lock()
+	if ps.closed {
+		ps.mu.Unlock()
+		return // Drain stops every idle sandbox
+	}
 	var oldest *Idle
 	var from *pool
 	for _, p := range ps.byName {
@@ -310,54 +330,60 @@ func (ps *Pools) MakeRoom() {
 			oldest, from = p.idle[0], p
 		}
 	}
-	if from != nil {
-		from.idle = from.idle[1:]
-		from.stats.Evicted++
+	if from == nil {
+		ps.mu.Unlock()
+		return
 	}
+	from.idle = from.idle[1:]
+	from.stats.Evicted++
+	ps.inflight.Add(1)
 	ps.mu.Unlock()
-	if oldest != nil {
-		ps.Discard(oldest)
-	}
+	defer ps.inflight.Done()
+	ps.discard(oldest)
 }
 
-// Discard stops a pooled sandbox and gives up its ownership.
-func (ps *Pools) Discard(pd *Idle) {
+// discard stops a pooled sandbox and gives up its ownership. The caller
+// has taken pd out of the pools and, unless it is Drain, counted the
+// stop in inflight.
+func (ps *Pools) discard(pd *Idle) {
 	ps.starter.StopIdle(pd.ID)
 	ps.Release(pd.ID)
 }
 
-// DiscardLater discards pd in the background (a create that gave up a
-// taken sandbox need not wait for its stop); Drain waits for it. Once the
-// pools are drained it discards at once.
+// DiscardLater gives back a taken sandbox that a create will not make
+// live: it is stopped in the background (the create need not wait for
+// its stop), and Drain waits for that stop. Once the pools are drained
+// it does nothing: Drain stops every taken sandbox itself, so no stop
+// starts after Drain has returned. It defends against a create's discard
+// outliving the server's shutdown (its runtime Stop finishing after the
+// server closed its store and driver: a leaked overlay mount and runc
+// container).
 func (ps *Pools) DiscardLater(pd *Idle) {
 	ps.mu.Lock()
+	defer ps.mu.Unlock()
 	if ps.closed {
-		ps.mu.Unlock()
-		ps.Discard(pd)
 		return
 	}
+	delete(ps.taken, pd.ID)
 	ps.discardLocked(pd)
-	ps.mu.Unlock()
 }
 
-// discardLocked is DiscardLater with ps.mu held.
+// discardLocked discards pd in the background, counted in inflight;
+// ps.mu must be held and the pools not drained.
 func (ps *Pools) discardLocked(pd *Idle) {
-	if ps.closed {
-		go ps.Discard(pd) // Drain has stopped waiting: nothing to count
-		return
-	}
 	ps.inflight.Add(1)
 	go func() {
 		defer ps.inflight.Done()
-		ps.Discard(pd)
+		ps.discard(pd)
 	}()
 }
 
-// Release gives up the ownership of a taken pooled sandbox once it is
-// live (the reaper sees it as such).
+// Release gives up the ownership of a pooled sandbox: a taken one once
+// it is live (the reaper sees it as such), or one that was stopped.
 func (ps *Pools) Release(id string) {
 	ps.mu.Lock()
 	delete(ps.ids, id)
+	delete(ps.taken, id)
 	ps.mu.Unlock()
 }
 
@@ -420,7 +446,7 @@ func (ps *Pools) Refill() {
 		}
 	}
 	for _, pd := range stale {
-		ps.Discard(pd)
+		ps.discard(pd)
 	}
 	for _, j := range jobs {
 		for i := 0; i < j.n && ps.Free() > 1; i++ {
@@ -455,7 +481,7 @@ func (ps *Pools) Refill() {
 				break
 			}
 			if pd != nil { // the pool went away or was drained meanwhile
-				ps.Discard(pd)
+				ps.discard(pd)
 			}
 		}
 	}
@@ -482,13 +508,15 @@ func (ps *Pools) start(k key) (*Idle, error) {
 
 // Drain stops every pooled sandbox at server shutdown: pooled sandboxes
 // have no record and are never adopted by the next start. It defends
-// against a refill outliving the server half-made (a Start in flight
-// finishing after the pools were emptied, its mounts and processes
-// left to a process about to exit): refills stop starting sandboxes,
-// Drain waits for the passes and background discards in flight (a pass
-// stops what its last Start made), then stops the idle ones. Afterwards
-// Refill does nothing. A sandbox a create has taken (Take) stays the
-// create's: it makes it live or discards it.
+// against a refill or a discard outliving the server half-made (a Start
+// or Stop in flight finishing after the server closed its store and
+// driver, its mounts and processes left to a process about to exit):
+// refills stop starting sandboxes, Drain waits for the passes and the
+// stops in flight (a pass stops what its last Start made), then stops
+// the idle sandboxes and the taken ones no create has made live yet (a
+// create still waiting for admission, say, which then gives back
+// nothing). Afterwards Take misses, Refill, MakeRoom and DiscardLater do
+// nothing: no pooled sandbox is started or stopped after Drain returns.
 func (ps *Pools) Drain() {
 	ps.mu.Lock()
 	ps.closed = true
@@ -500,9 +528,13 @@ func (ps *Pools) Drain() {
 		all = append(all, p.idle...)
 		p.idle = nil
 	}
+	for _, pd := range ps.taken {
+		all = append(all, pd)
+	}
+	clear(ps.taken)
 	ps.mu.Unlock()
 	for _, pd := range all {
-		ps.Discard(pd)
+		ps.discard(pd)
 	}
 }
 

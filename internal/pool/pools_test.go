@@ -27,6 +27,10 @@ type fakeStarter struct {
 	// team records, per started id, the team it was started for.
 	team map[string]string
 	ps   *Pools
+	// stops counts StopIdle calls; onStop, if set, is called first by
+	// each (a test can hold a stop in flight).
+	stops  int
+	onStop func(id string)
 }
 
 func (f *fakeStarter) StartIdle(team, template string, claim func(string)) (*Idle, error) {
@@ -45,8 +49,21 @@ func (f *fakeStarter) StartIdle(team, template string, claim func(string)) (*Idl
 
 func (f *fakeStarter) StopIdle(id string) {
 	f.mu.Lock()
+	hook := f.onStop
+	f.mu.Unlock()
+	if hook != nil {
+		hook(id)
+	}
+	f.mu.Lock()
+	f.stops++
 	delete(f.running, id)
 	f.mu.Unlock()
+}
+
+func (f *fakeStarter) stopCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stops
 }
 
 func (f *fakeStarter) Alive(id string) bool {
@@ -317,5 +334,115 @@ func TestPoolsArePerTeam(t *testing.T) {
 	again.Load(ctx)
 	if l := again.List(); len(l) != 1 || l[0].Team != "team-b" || l[0].Template != "base" {
 		t.Fatalf("pools loaded from the store: %+v, want team B's", l)
+	}
+}
+
+// TestDrainStopsTakenSandboxes defends against a pooled sandbox that a
+// create had taken outliving the server: the create, still waiting for
+// admission when the server shut down, gave it back after Drain had
+// returned, and that discard's stop ran while the server closed its
+// store and driver (or never, the process gone: pooled sandboxes have no
+// record and are never adopted). Drain must stop the taken sandboxes no
+// create has made live, and the late give-back must stop nothing more;
+// a released (live) one is the create's and Drain leaves it.
+func TestDrainStopsTakenSandboxes(t *testing.T) {
+	var pressure atomic.Bool
+	ps, f, _ := newTestPools(t, 10, &pressure)
+	if _, err := ps.Set(context.Background(), Config{Template: "base", Min: 3, Max: 3}); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, ps, 3)
+	live, given := ps.Take("", "base", "base:v1"), ps.Take("", "base", "base:v1")
+	if live == nil || given == nil {
+		t.Fatal("takes of a full pool missed")
+	}
+	ps.Release(live.ID)
+	ps.Drain()
+	if f.Alive(given.ID) || ps.Owns(given.ID) {
+		t.Errorf("after Drain the taken sandbox %s runs (%v) or is owned (%v), want it stopped", given.ID, f.Alive(given.ID), ps.Owns(given.ID))
+	}
+	if n := f.runningCount(); n != 1 || !f.Alive(live.ID) {
+		t.Errorf("after Drain %d sandboxes run, want only the released one %s", n, live.ID)
+	}
+	stops := f.stopCount()
+	ps.DiscardLater(given) // the create gives it back once drained
+	if pd := ps.Take("", "base", "base:v1"); pd != nil {
+		t.Errorf("a take after Drain handed out %s", pd.ID)
+	}
+	ps.MakeRoom()
+	if n := f.stopCount(); n != stops {
+		t.Errorf("%d stops after Drain had returned, want none", n-stops)
+	}
+}
+
+// TestDrainWaitsForStopsInFlight defends against a pooled sandbox's stop
+// outliving the server: a sandbox taken out of the pools and being
+// stopped (evicted to make room for a user's create, dropped by a
+// smaller pool size, given back by a create) when the server shut down
+// was no longer idle, so Drain neither stopped it nor waited for its
+// stop, and the server closed its driver while that stop ran (a leaked
+// overlay mount and runc container). Drain must return only once that
+// stop has finished.
+func TestDrainWaitsForStopsInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// stop takes the pool's one idle sandbox out and stops it (in a
+		// goroutine of the test's: it uses t.Error only).
+		stop func(t *testing.T, ps *Pools, f *fakeStarter)
+	}{
+		{"eviction", func(t *testing.T, ps *Pools, f *fakeStarter) {
+			f.mu.Lock()
+			f.room = 1 // the idle sandbox fills the global limit
+			f.mu.Unlock()
+			ps.MakeRoom()
+		}},
+		{"smaller pool", func(t *testing.T, ps *Pools, f *fakeStarter) {
+			if _, err := ps.Set(context.Background(), Config{Template: "base"}); err != nil {
+				t.Error(err)
+			}
+		}},
+		{"given back", func(t *testing.T, ps *Pools, f *fakeStarter) { ps.DiscardLater(ps.Take("", "base", "base:v1")) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var pressure atomic.Bool
+			ps, f, _ := newTestPools(t, 10, &pressure)
+			if _, err := ps.Set(context.Background(), Config{Template: "base", Min: 1, Max: 1}); err != nil {
+				t.Fatal(err)
+			}
+			waitIdle(t, ps, 1)
+			entered, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			f.mu.Lock()
+			f.onStop = func(string) {
+				once.Do(func() { close(entered) })
+				<-release
+			}
+			f.mu.Unlock()
+			go tc.stop(t, ps, f)
+			<-entered
+			// Drain gets up to 2 s to reach its wait (without one it
+			// returns at once) before the stop is let through.
+			var released atomic.Bool
+			var early bool
+			drained := make(chan struct{})
+			go func() {
+				ps.Drain()
+				early = !released.Load()
+				close(drained)
+			}()
+			select {
+			case <-drained:
+			case <-time.After(2 * time.Second):
+			}
+			released.Store(true)
+			close(release)
+			<-drained
+			if early {
+				t.Error("Drain returned while a pooled sandbox's stop was in flight")
+			}
+			if n := f.runningCount(); n != 0 {
+				t.Errorf("%d pooled sandboxes run after Drain", n)
+			}
+		})
 	}
 }

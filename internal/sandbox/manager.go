@@ -205,7 +205,8 @@ type Manager struct {
 	templates TemplateRegistry
 	log       *slog.Logger
 
-	// mu guards live, closing, work and idle.
+	// mu guards live, closing, work and idle. It may be held while
+	// calling the pools (never the other way round).
 	mu sync.Mutex
 	// live holds the sandboxes this process runs, by id.
 	live map[string]*liveSandbox
@@ -585,10 +586,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	ls := &liveSandbox{rec: rec, ending: true} // not killable until started
 	m.addLive(ls)
 	defer m.countWorkLocked()() // under mu, !closing: Shutdown waits for this create
-	m.mu.Unlock()
 	if pd != nil {
-		m.pools.Release(pd.ID) // live now: the reaper sees it as such
+		// Live now: the reaper sees it as such. Released under mu while
+		// not closing, so that Shutdown's Drain, which stops every taken
+		// sandbox not released, leaves this one to the create.
+		m.pools.Release(pd.ID)
 	}
+	m.mu.Unlock()
 
 	if err := m.store.InsertSandbox(ctx, rec); err != nil {
 		m.forget(rec.ID)
@@ -727,7 +731,11 @@ func (m *Manager) expire(id string) {
 	}
 	m.mu.Unlock()
 	if auto {
-		_, err := m.PauseWith(context.Background(), id, !memory)
+		pause := m.persist // counted by this expiry, also once Shutdown has begun
+		if memory {
+			pause = m.Pause
+		}
+		_, err := pause(context.Background(), id)
 		if err == nil {
 			m.audit(id, "sandbox.auto_paused", map[string]any{"memory": memory})
 			return
@@ -1451,7 +1459,8 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 
 // beginWork counts work in flight that starts or changes sandboxes on
 // its own (a create, a pool refill's start, a TTL expiry with its
-// auto-pause, a resume of a persisted sandbox) for Shutdown to wait for;
+// auto-pause, a pause to disk, a resume of a persisted sandbox) for
+// Shutdown to wait for;
 // false (nothing counted) once Shutdown has begun: such work then starts
 // nothing. The caller calls done when the work has finished or been
 // undone.

@@ -385,22 +385,41 @@ func TestNodesSharedRuntime(t *testing.T) {
 // the owner ends the sandbox (after its stop, before its record).
 type endRace struct {
 	*audit.Log
+	// mu guards id and race, set by the test after the create while the
+	// sandbox's TTL timer may already read them.
+	mu   sync.Mutex
 	id   string
-	once sync.Once
 	race func()
+	once sync.Once
+}
+
+// set arms the race for sandbox id.
+func (r *endRace) set(id string, race func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.id, r.race = id, race
+}
+
+// runFor runs the race once if id is its sandbox.
+func (r *endRace) runFor(id string) {
+	r.mu.Lock()
+	race := r.race
+	ok := id == r.id
+	r.mu.Unlock()
+	if ok {
+		r.once.Do(race)
+	}
 }
 
 func (r *endRace) RecordBy(ctx context.Context, sandbox, kind string, data any) {
-	if kind == "sandbox.ended" && sandbox == r.id {
-		r.once.Do(r.race)
+	if kind == "sandbox.ended" {
+		r.runFor(sandbox)
 	}
 	r.Log.RecordBy(ctx, sandbox, kind, data)
 }
 
 func (r *endRace) RecordSandboxEnd(ctx context.Context, end *store.SandboxEnd, kind string, data any) (bool, error) {
-	if end.ID == r.id {
-		r.once.Do(r.race)
-	}
+	r.runFor(end.ID)
 	return r.Log.RecordSandboxEnd(ctx, end, kind, data)
 }
 
@@ -439,11 +458,10 @@ func TestOneEndEventWhateverTheRace(t *testing.T) {
 					t.Fatal(err)
 				}
 				raced := make(chan error, 1)
-				race.id = sb.ID
-				race.race = func() {
+				race.set(sb.ID, func() {
 					_, err := b.m.Kill(ctx, sb.ID)
 					raced <- err
-				}
+				})
 				if tc.end != nil {
 					tc.end(a, sb.ID)
 				}

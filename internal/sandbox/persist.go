@@ -13,11 +13,24 @@ import (
 // sandbox's files are saved to a hidden snapshot and its processes are
 // stopped, freeing their memory; Resume starts it again from the snapshot
 // with the same id and access token: files kept, processes not (E2B's
-// pause without memory and "reboot" resume).
+// pause without memory and "reboot" resume). A pause to disk is work
+// Shutdown waits for (beginWork); once Shutdown has begun it is refused
+// with ErrShuttingDown and the sandbox keeps running.
 func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*store.Sandbox, error) {
 	if !persist {
 		return m.Pause(ctx, id)
 	}
+	done, ok := m.beginWork()
+	if !ok {
+		return nil, ErrShuttingDown
+	}
+	defer done()
+	return m.persist(ctx, id)
+}
+
+// persist is PauseWith's pause to disk, for a caller that counts it as
+// work itself (PauseWith, or a TTL's expiry with its auto-pause).
+func (m *Manager) persist(ctx context.Context, id string) (*store.Sandbox, error) {
 	ls, unlock, err := m.lockOp(id)
 	if err != nil {
 		return nil, err

@@ -25,19 +25,19 @@ type warmPools interface {
 	// Owns: the reaper leaves the pools' sandboxes alone.
 	Owns(id string) bool
 	// Take claims an idle sandbox of a team's pool of a template version; Release (it is
-	// live now) or Discard (the create gave up) ends the claim.
+	// live now) or DiscardLater (the create gave up) ends the claim.
 	Take(team, template, version string) *pool.Idle
 	Release(id string)
-	Discard(pd *pool.Idle)
-	// DiscardLater discards in the background; Drain waits for it.
+	// DiscardLater discards in the background; Drain waits for it, and
+	// once drained it does nothing (Drain stops every taken sandbox).
 	DiscardLater(pd *pool.Idle)
 	// Free is the room left under the global limit, pools included;
 	// MakeRoom evicts an idle sandbox when there is none.
 	Free() int
 	MakeRoom()
 	// Refill tops the pools up, or empties them under memory pressure;
-	// Drain stops every pooled sandbox, waiting for the refills and
-	// discards in flight (shutdown).
+	// Drain stops every pooled sandbox, idle or taken and not released,
+	// waiting for the refills and discards in flight (shutdown).
 	Refill()
 	Drain()
 	Load(ctx context.Context)

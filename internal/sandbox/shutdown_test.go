@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -293,6 +294,126 @@ func TestShutdownWaitsForResumeInFlight(t *testing.T) {
 		}
 		if got := h.record(rec.ID); got.State != store.StatePaused {
 			t.Errorf("after a refused resume the record is %s, want paused", got.State)
+		}
+	})
+}
+
+// TestShutdownStopsTakenPooledSandbox defends against a warm-pool
+// sandbox outliving the shutdown through a create that had taken it: a
+// create that took a pooled sandbox and then waited for admission (its
+// work not counted yet) gave it back with a background discard once it
+// saw the server closing, after Shutdown had drained the pools, so the
+// discard's runtime Stop ran, if at all, after the server closed its
+// store and driver (pooled sandboxes have no record and are never
+// adopted: a leaked overlay mount and runc container). Shutdown must
+// return with the taken sandbox stopped, whether the create is still
+// waiting (it then gives back nothing: the sandbox is stopped once) or
+// was admitted by the slot a killAll freed.
+func TestShutdownStopsTakenPooledSandbox(t *testing.T) {
+	for _, killAll := range []bool{false, true} {
+		t.Run(fmt.Sprintf("killAll=%v", killAll), func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Admission = govern.NewAdmission(govern.AdmissionConfig{MaxConcurrent: 50, MaxPerAgent: 1,
+				AgentRate: 1000, AgentBurst: 1000, QueueTimeout: time.Minute})
+			h := newHarness(t, cfg)
+			ctx := context.Background()
+			live := h.create(sandbox.CreateRequest{Agent: "a"}) // holds agent a's only slot
+			if _, err := h.m.SetPool(ctx, sandbox.PoolConfig{Template: "base", Min: 1, Max: 1}); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the pool to fill", func() bool { ps := h.m.Pools(); return len(ps) == 1 && ps[0].Idle == 1 })
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			created := make(chan error, 1)
+			go func() {
+				_, err := h.m.Create(cctx, sandbox.CreateRequest{Agent: "a"})
+				created <- err
+			}()
+			eventually(t, "the pooled create to wait for agent a's slot", func() bool {
+				ps := h.m.Pools()
+				return cfg.Admission.Stats().Waiting == 1 && ps[0].Hits == 1
+			})
+			h.m.Shutdown(ctx, killAll)
+			defer func() { h.m = h.open() }()
+			want := []string{live.ID}
+			if killAll {
+				want = nil
+			}
+			heldAtReturn := h.held()
+			if !slices.Equal(heldAtReturn, want) {
+				t.Errorf("when Shutdown returned the driver held %v, want %v: the taken pooled sandbox outlived it", heldAtReturn, want)
+			}
+			stops := h.d.Stops()
+			cancel()
+			err := <-created
+			if killAll && !errors.Is(err, sandbox.ErrShuttingDown) {
+				t.Errorf("the pooled create admitted during Shutdown: %v, want ErrShuttingDown", err)
+			}
+			if !killAll && !errors.Is(err, context.Canceled) {
+				t.Errorf("the pooled create still waiting after Shutdown: %v, want its context's end", err)
+			}
+			if n := h.d.Stops(); n != stops {
+				t.Errorf("the create stopped %d sandboxes after Shutdown had returned, want none", n-stops)
+			}
+			if held := h.held(); !slices.Equal(held, want) {
+				t.Errorf("after the create returned the driver holds %v, want %v", held, want)
+			}
+		})
+	}
+}
+
+// TestShutdownWaitsForPersistedPauseInFlight defends against a user's
+// pause to disk (persist: snapshot the files, stop the processes)
+// outliving the shutdown half-made: it was no work Shutdown waited for,
+// so the server went on to close its store and driver while the pause
+// still stopped the sandbox and then wrote its record (a stopped
+// sandbox whose record says running, or a write to a closed store).
+// Shutdown must return only once that pause has finished: the sandbox
+// stopped, its record paused (the next start adopts it as such). And a
+// pause to disk asked for once Shutdown has begun changes nothing:
+// ErrShuttingDown, the sandbox left running.
+func TestShutdownWaitsForPersistedPauseInFlight(t *testing.T) {
+	t.Run("in flight", func(t *testing.T) {
+		h := newHarness(t, testConfig(t))
+		rec := h.create(sandbox.CreateRequest{})
+		g := newGate()
+		h.d.OnStop(func(id string) {
+			if id == rec.ID {
+				g.hold()
+			}
+		})
+		paused := make(chan error, 1)
+		go func() {
+			_, err := h.m.PauseWith(context.Background(), rec.ID, true)
+			paused <- err
+		}()
+		early, heldAtReturn := h.shutdownWhileHeld(g, false)
+		if early {
+			t.Error("Shutdown returned while a pause to disk was still stopping the sandbox")
+		}
+		if len(heldAtReturn) != 0 {
+			t.Errorf("when Shutdown returned the driver held %v, want the paused sandbox stopped", heldAtReturn)
+		}
+		if got := h.record(rec.ID); got.State != store.StatePaused || got.Persisted == "" {
+			t.Errorf("after Shutdown the record is %s (persisted %q), want paused to disk", got.State, got.Persisted)
+		}
+		if err := <-paused; err != nil {
+			t.Errorf("the pause in flight at Shutdown: %v", err)
+		}
+	})
+	t.Run("after", func(t *testing.T) {
+		h := newHarness(t, testConfig(t))
+		rec := h.create(sandbox.CreateRequest{})
+		h.m.Shutdown(context.Background(), false)
+		defer func() { h.m = h.open() }()
+		if _, err := h.m.PauseWith(context.Background(), rec.ID, true); !errors.Is(err, sandbox.ErrShuttingDown) {
+			t.Errorf("a pause to disk once Shutdown has begun: %v, want ErrShuttingDown", err)
+		}
+		if held := h.held(); !slices.Equal(held, []string{rec.ID}) {
+			t.Errorf("after a refused pause the driver holds %v, want the sandbox still running", held)
+		}
+		if got := h.record(rec.ID); got.State != store.StateRunning || got.Persisted != "" {
+			t.Errorf("after a refused pause the record is %s (persisted %q), want running", got.State, got.Persisted)
 		}
 	})
 }

@@ -77,12 +77,11 @@ func (c *Client) run(ctx context.Context, body []byte, out *os.File) (r reply, s
 	if r.Error != "" {
 		return reply{}, true, fmt.Errorf("supervisor: %s", r.Error)
 	}
-	pid := r.Pid
 	if err := dec.Decode(&r); err != nil {
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
-		return reply{}, true, fmt.Errorf("supervisor: wait for pid %d: %w", pid, err)
+		return reply{}, true, fmt.Errorf("supervisor: wait for the command to exit: %w", err)
 	}
 	return r, true, nil
 }

@@ -54,10 +54,9 @@ type request struct {
 	Dir  string   `json:"dir"`
 }
 
-// reply is sent twice per request: once the command started (Pid set, or
+// reply is sent twice per request: once the command started (empty, or
 // Error), and once it exited (Exited set, with Code).
 type reply struct {
-	Pid    int    `json:"pid,omitempty"`
 	Exited bool   `json:"exited,omitempty"`
 	Code   int    `json:"code"`
 	Error  string `json:"error,omitempty"`
@@ -335,12 +334,12 @@ func (s *server) handle(c *net.UnixConn) {
 		}
 		return
 	}
-	ch, pid, started, err := s.start(req, out)
+	ch, started, err := s.start(req, out)
 	if err != nil {
 		_ = enc.Encode(reply{Error: err.Error()})
 		return
 	}
-	_ = enc.Encode(reply{Pid: pid})
+	_ = enc.Encode(reply{})
 	e := <-ch
 	_ = enc.Encode(reply{Exited: true, Code: e.code, RanUS: max(e.at.Sub(started).Microseconds(), 0)})
 }
@@ -454,10 +453,10 @@ func frame(body []byte) []byte {
 // process group of its own, and registers its waiter before the reaper
 // can see it exit. started is when the process was made (just before it
 // was forked).
-func (s *server) start(req request, out *os.File) (ch chan exit, pid int, started time.Time, err error) {
+func (s *server) start(req request, out *os.File) (ch chan exit, started time.Time, err error) {
 	null, err := os.Open(os.DevNull)
 	if err != nil {
-		return nil, 0, started, err
+		return nil, started, err
 	}
 	defer null.Close()
 	dir := req.Dir
@@ -472,13 +471,13 @@ func (s *server) start(req request, out *os.File) (ch chan exit, pid int, starte
 		Sys: &syscall.SysProcAttr{Setpgid: true},
 	})
 	if err != nil {
-		return nil, 0, started, err
+		return nil, started, err
 	}
 	ch = make(chan exit, 1)
 	s.waiters[p.Pid] = ch
 	s.children = true
 	_ = p.Release() // the reaper waits for it
-	return ch, p.Pid, started, nil
+	return ch, started, nil
 }
 
 // Command runs `supervisor --socket PATH [--idle-exit D]` with args
