@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
@@ -17,7 +16,7 @@ import (
 // Manager to the fake driver's in-process agent and back. test/bench's
 // BenchmarkExecRoundTrip measures the whole path with a real sandbox.
 func BenchmarkStartProcess(b *testing.B) {
-	h := newBenchHarness(b)
+	h := newGovernedHarness(b, nil)
 	ctx := context.Background()
 	task, err := h.cfg.Governor.Create(ctx, govern.TaskRequest{Team: store.DefaultTeam, Agent: "b", MaxCalls: govern.MaxCallsCeiling, NoLoopCheck: true})
 	if err != nil {
@@ -46,18 +45,4 @@ func BenchmarkStartProcess(b *testing.B) {
 		}
 		p.Close()
 	}
-}
-
-// newBenchHarness is newHarness for a benchmark, with a governor and a
-// real audit log.
-func newBenchHarness(b *testing.B) *harness {
-	b.Helper()
-	h := newHarness(b, testConfig(b))
-	h.m.Shutdown(context.Background(), false)
-	al := audit.New(h.st, nil, nil)
-	b.Cleanup(al.Close)
-	h.cfg.Audit = al
-	h.cfg.Governor = govern.New(govern.Config{Audit: al}, h.st)
-	h.m = h.open()
-	return h
 }

@@ -89,13 +89,7 @@ func TestCommandEndLostInCrashIsInterrupted(t *testing.T) {
 // or counting fewer than ran.
 func TestParallelCallsAtLimit(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, testConfig(t))
-	h.m.Shutdown(context.Background(), false)
-	al := audit.New(h.st, nil, nil)
-	t.Cleanup(al.Close)
-	h.cfg.Audit = al
-	h.cfg.Governor = govern.New(govern.Config{Audit: al}, h.st)
-	h.m = h.open()
+	h := newGovernedHarness(t, nil)
 	ctx := context.Background()
 	const maxCalls, tries = 7, 40
 	task, err := h.cfg.Governor.Create(ctx, govern.TaskRequest{Team: store.DefaultTeam, Agent: "t", MaxCalls: maxCalls, NoLoopCheck: true})
@@ -137,7 +131,7 @@ func TestParallelCallsAtLimit(t *testing.T) {
 	if ran.Load() != maxCalls || refused.Load() != tries-maxCalls {
 		t.Fatalf("ran %d, refused %d; want %d and %d", ran.Load(), refused.Load(), maxCalls, tries-maxCalls)
 	}
-	al.Sync()
+	h.cfg.Audit.(*audit.Log).Sync()
 	cmds, err := h.st.ListCommands(ctx, sb.ID)
 	if err != nil || len(cmds) != maxCalls {
 		t.Fatalf("command records: %d (%v), want %d", len(cmds), err, maxCalls)
@@ -162,19 +156,11 @@ func TestParallelCallsAtLimit(t *testing.T) {
 // instead of its last result and then loop_detected.
 func TestTrippingCallKeepsItsResult(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, testConfig(t))
-	h.m.Shutdown(context.Background(), false)
-	al := audit.New(h.st, nil, nil)
-	t.Cleanup(al.Close)
-	h.cfg.Audit = al
 	killed := make(chan struct{})
-	var m *sandbox.Manager
-	h.cfg.Governor = govern.New(govern.Config{Audit: al, OnTrip: func(tk *store.Task) {
-		m.OnTrip(tk)
+	h := newGovernedHarness(t, func(h *harness, tk *store.Task) {
+		h.m.OnTrip(tk)
 		close(killed)
-	}}, h.st)
-	h.m = h.open()
-	m = h.m
+	})
 	ctx := context.Background()
 	task, err := h.cfg.Governor.Create(ctx, govern.TaskRequest{Team: store.DefaultTeam, Agent: "t", MaxCalls: 100})
 	if err != nil {

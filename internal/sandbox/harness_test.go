@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/runtime/runtimetest"
 	"github.com/corralhq/corral/internal/sandbox"
@@ -136,3 +137,22 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// newGovernedHarness is newHarness with a governor and a real audit log;
+// onTrip (if not nil) is the governor's OnTrip callback, given the
+// harness.
+func newGovernedHarness(tb testing.TB, onTrip func(*harness, *store.Task)) *harness {
+	tb.Helper()
+	h := newHarness(tb, testConfig(tb))
+	h.m.Shutdown(context.Background(), false)
+	al := audit.New(h.st, nil, nil)
+	tb.Cleanup(al.Close)
+	h.cfg.Audit = al
+	gc := govern.Config{Audit: al}
+	if onTrip != nil {
+		gc.OnTrip = func(t *store.Task) { onTrip(h, t) }
+	}
+	h.cfg.Governor = govern.New(gc, h.st)
+	h.m = h.open()
+	return h
+}
