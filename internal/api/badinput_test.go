@@ -1,11 +1,13 @@
 package api_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -17,12 +19,12 @@ import (
 
 // stateOf is what the admin key reads of everything a request could
 // change: sandboxes (any state), tasks, keys, secrets, snapshots, pools,
-// teams' quotas, templates.
+// teams' quotas, templates, volumes.
 func (e *env) stateOf() string {
 	e.t.Helper()
 	var b strings.Builder
 	for _, p := range []string{"/v1/sandboxes?state=all", "/v1/tasks?state=all", "/v1/keys", "/v1/secrets", "/v1/snapshots",
-		"/v1/pools", "/v1/teams", "/v1/templates"} {
+		"/v1/pools", "/v1/teams", "/v1/templates", "/v1/volumes"} {
 		req, _ := http.NewRequest("GET", e.srv.URL+p, nil)
 		req.Header.Set("X-API-Key", apiKey)
 		resp, err := http.DefaultClient.Do(req)
@@ -39,12 +41,15 @@ func (e *env) stateOf() string {
 // badCase is one request TestBadInputRefused sends, with the refusal it
 // must get: the status, and the code (for the E2B routes, e2bShape: the
 // code is the status number, E2B's shape); msg, when set, is a part of
-// the message (the parameter or field it names).
+// the message (the parameter or field it names), or with exact the
+// whole message.
 type badCase struct {
 	method, path, body string
 	hdr                []string
 	status             int
 	code, msg          string
+	exact              bool
+	rpc                int // a JSON-RPC error of this code (MCP): code is its error.data.code
 }
 
 // e2bShape marks a badCase answered in E2B's {"code": <status>} shape.
@@ -89,7 +94,14 @@ func (e *env) do(c badCase) (int, []byte) {
 // with a NUL, MCP messages naming a key twice or over the body bound get
 // the refusal of the table — its status and
 // stable code, a message naming the parameter — and change nothing the
-// admin key can read (checked after every request).
+// admin key can read (checked after every request). Every route that
+// reads a JSON body gets the malformed bodies of the JSON rule
+// (parseJSON: a syntax error, a truncated body, trailing data, a key
+// given twice, an array, an empty body) and is told the exact message;
+// a value of the wrong kind or out of range, an unknown field, is told
+// the field's JSON path and the kind expected, never a Go type (the
+// decoder's "cannot unmarshal string into Go struct field
+// createRequest.timeout of type int" reached callers).
 func TestBadInputRefused(t *testing.T) {
 	t.Parallel()
 	e := newTeamEnv(t)
@@ -104,6 +116,10 @@ func TestBadInputRefused(t *testing.T) {
 	if st := e.call("POST", "/v1/sandboxes", apiKey, map[string]any{"task": task.ID}, &tsb); st != http.StatusCreated {
 		t.Fatalf("task's sandbox: %d", st)
 	}
+	var esb e2bSandbox // a sandbox made over E2B's API, for /execute
+	if st := e.call("POST", "/sandboxes", apiKey, map[string]any{"templateID": "base"}, &esb); st != http.StatusCreated {
+		t.Fatalf("E2B sandbox: %d %+v", st, esb)
+	}
 	long := strings.Repeat("x", 5000)
 	badIDs := []string{"a%2Fb", "a%00b", "a%0Ab", long, "%2E%2E"}
 	const (
@@ -113,24 +129,24 @@ func TestBadInputRefused(t *testing.T) {
 	var cases []badCase
 	for _, id := range badIDs {
 		for _, r := range []badCase{
-			{"GET", "/v1/sandboxes/{}", "", nil, 404, nf, ""}, {"DELETE", "/v1/sandboxes/{}", "", nil, 404, nf, ""},
-			{"POST", "/v1/sandboxes/{}/timeout", `{"timeout":60}`, nil, 404, nf, ""},
-			{"POST", "/v1/sandboxes/{}/exec", `{"command":"echo"}`, nil, 404, nf, ""}, {"POST", "/v1/sandboxes/{}/pause", "", nil, 404, nf, ""},
-			{"GET", "/v1/sandboxes/{}/metrics", "", nil, 404, nf, ""}, {"PUT", "/v1/sandboxes/{}/network", `{"allow":[]}`, nil, 404, nf, ""},
-			{"POST", "/v1/sandboxes/{}/snapshots", `{}`, nil, 404, nf, ""}, {"POST", "/v1/sandboxes/{}/fork", `{}`, nil, 404, nf, ""},
-			{"GET", "/v1/snapshots/{}", "", nil, 404, nf, ""}, {"DELETE", "/v1/snapshots/{}", "", nil, 404, nf, ""},
-			{"GET", "/v1/tasks/{}", "", nil, 404, nf, ""}, {"PATCH", "/v1/tasks/{}", `{"max_calls":9}`, nil, 404, nf, ""},
-			{"DELETE", "/v1/tasks/{}", "", nil, 404, nf, ""}, {"POST", "/v1/tasks/{}/tokens", `{"tokens":1}`, nil, 404, nf, ""},
-			{"PUT", "/v1/secrets/{}", `{"hosts":["api.example.com"],"value":"v"}`, nil, bad, inv, ""}, {"DELETE", "/v1/secrets/{}", "", nil, 404, nf, ""},
-			{"DELETE", "/v1/keys/{}", "", nil, 404, nf, ""}, {"GET", "/v1/teams/{}/quota", "", nil, bad, inv, ""},
-			{"PUT", "/v1/teams/{}/quota", `{"max_sandboxes":1}`, nil, bad, inv, ""},
-			{"GET", "/v1/templates/{}", "", nil, 404, nf, ""}, {"DELETE", "/v1/templates/{}", "", nil, 404, nf, ""},
-			{"POST", "/v1/templates/{}/current", `{}`, nil, 404, nf, ""},
-			{"PUT", "/v1/pools/{}", `{"min":0,"max":1}`, nil, bad, inv, ""}, {"DELETE", "/v1/pools/{}", "", nil, bad, inv, ""},
-			{"GET", "/sandboxes/{}", "", nil, 404, e2bShape, ""}, {"DELETE", "/sandboxes/{}", "", nil, 404, e2bShape, ""},
-			{"POST", "/sandboxes/{}/timeout", `{"timeout":60}`, nil, 404, e2bShape, ""},
-			{"POST", "/sandboxes/{}/pause", "", nil, 404, e2bShape, ""}, {"POST", "/sandboxes/{}/resume", `{}`, nil, 404, e2bShape, ""},
-			{"POST", "/sandboxes/{}/connect", `{"timeout":60}`, nil, 404, e2bShape, ""},
+			{"GET", "/v1/sandboxes/{}", "", nil, 404, nf, "", false, 0}, {"DELETE", "/v1/sandboxes/{}", "", nil, 404, nf, "", false, 0},
+			{"POST", "/v1/sandboxes/{}/timeout", `{"timeout":60}`, nil, 404, nf, "", false, 0},
+			{"POST", "/v1/sandboxes/{}/exec", `{"command":"echo"}`, nil, 404, nf, "", false, 0}, {"POST", "/v1/sandboxes/{}/pause", "", nil, 404, nf, "", false, 0},
+			{"GET", "/v1/sandboxes/{}/metrics", "", nil, 404, nf, "", false, 0}, {"PUT", "/v1/sandboxes/{}/network", `{"allow":[]}`, nil, 404, nf, "", false, 0},
+			{"POST", "/v1/sandboxes/{}/snapshots", `{}`, nil, 404, nf, "", false, 0}, {"POST", "/v1/sandboxes/{}/fork", `{}`, nil, 404, nf, "", false, 0},
+			{"GET", "/v1/snapshots/{}", "", nil, 404, nf, "", false, 0}, {"DELETE", "/v1/snapshots/{}", "", nil, 404, nf, "", false, 0},
+			{"GET", "/v1/tasks/{}", "", nil, 404, nf, "", false, 0}, {"PATCH", "/v1/tasks/{}", `{"max_calls":9}`, nil, 404, nf, "", false, 0},
+			{"DELETE", "/v1/tasks/{}", "", nil, 404, nf, "", false, 0}, {"POST", "/v1/tasks/{}/tokens", `{"tokens":1}`, nil, 404, nf, "", false, 0},
+			{"PUT", "/v1/secrets/{}", `{"hosts":["api.example.com"],"value":"v"}`, nil, bad, inv, "", false, 0}, {"DELETE", "/v1/secrets/{}", "", nil, 404, nf, "", false, 0},
+			{"DELETE", "/v1/keys/{}", "", nil, 404, nf, "", false, 0}, {"GET", "/v1/teams/{}/quota", "", nil, bad, inv, "", false, 0},
+			{"PUT", "/v1/teams/{}/quota", `{"max_sandboxes":1}`, nil, bad, inv, "", false, 0},
+			{"GET", "/v1/templates/{}", "", nil, 404, nf, "", false, 0}, {"DELETE", "/v1/templates/{}", "", nil, 404, nf, "", false, 0},
+			{"POST", "/v1/templates/{}/current", `{}`, nil, 404, nf, "", false, 0},
+			{"PUT", "/v1/pools/{}", `{"min":0,"max":1}`, nil, bad, inv, "", false, 0}, {"DELETE", "/v1/pools/{}", "", nil, bad, inv, "", false, 0},
+			{"GET", "/sandboxes/{}", "", nil, 404, e2bShape, "", false, 0}, {"DELETE", "/sandboxes/{}", "", nil, 404, e2bShape, "", false, 0},
+			{"POST", "/sandboxes/{}/timeout", `{"timeout":60}`, nil, 404, e2bShape, "", false, 0},
+			{"POST", "/sandboxes/{}/pause", "", nil, 404, e2bShape, "", false, 0}, {"POST", "/sandboxes/{}/resume", `{}`, nil, 404, e2bShape, "", false, 0},
+			{"POST", "/sandboxes/{}/connect", `{"timeout":60}`, nil, 404, e2bShape, "", false, 0},
 		} {
 			r.path = strings.ReplaceAll(r.path, "{}", id)
 			cases = append(cases, r)
@@ -141,43 +157,112 @@ func TestBadInputRefused(t *testing.T) {
 		return badCase{method: method, path: path, body: body, status: status, code: code}
 	}
 	withMsg := func(c badCase, msg string) badCase { c.msg = msg; return c }
+	withHdr := func(c badCase, hdr ...string) badCase { c.hdr = hdr; return c }
+	// js400 and e2b400: a body refused by the JSON rule, with its exact
+	// message (native: invalid_json; E2B: its shape)
+	js400 := func(method, path, body, msg string) badCase {
+		return badCase{method: method, path: path, body: body, status: bad, code: js, msg: msg, exact: true}
+	}
+	e2b400 := func(method, path, body, msg string) badCase {
+		return badCase{method: method, path: path, body: body, status: bad, code: e2bShape, msg: msg, exact: true}
+	}
+	// the code interpreter's /execute (port 49999) of an E2B sandbox
+	execHdr := []string{"E2b-Sandbox-Id", esb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", esb.EnvdAccessToken}
 	mcpHdr := []string{"Accept", "application/json, text/event-stream"}
+	mcp400 := func(body, msg string) badCase {
+		return badCase{method: "POST", path: "/mcp", body: body, hdr: mcpHdr, status: bad, code: js, rpc: -32700, msg: msg, exact: true}
+	}
 	// query parameters: the message names the parameter
 	query := func(method, path string, status int, code, msg string, hdr ...string) badCase {
 		return badCase{method: method, path: path, hdr: hdr, status: status, code: code, msg: msg}
 	}
 	cases = append(cases,
-		// wrong JSON types, out-of-range numbers, unknown fields
-		body("POST", "/v1/sandboxes", `{"template":5}`, bad, js), body("POST", "/v1/sandboxes", `{"timeout":"x"}`, bad, js),
-		body("POST", "/v1/sandboxes", `{"timeout":1e300}`, bad, js), body("POST", "/v1/sandboxes", `{"timeout":-1}`, bad, inv),
+		// wrong JSON types, out-of-range numbers, unknown fields: the
+		// message names the JSON path and the kind expected
+		js400("POST", "/v1/sandboxes", `{"template":5}`, `field "template": expected a string, got a number`),
+		js400("POST", "/v1/sandboxes", `{"timeout":"x"}`, `field "timeout": expected a number, got a string`),
+		js400("POST", "/v1/sandboxes", `{"timeout":1e300}`, `field "timeout": 1e300 is out of range`),
+		js400("POST", "/v1/sandboxes", `{"timeout":1.5}`, `field "timeout": expected an integer, got 1.5`),
+		js400("POST", "/v1/sandboxes", `{"auto_pause":"yes"}`, `field "auto_pause": expected a boolean, got a string`),
+		js400("POST", "/v1/sandboxes", `{"metadata":{"b":"1","a":5}}`, `field "metadata.a": expected a string, got a number`),
+		js400("POST", "/v1/sandboxes", `{"metadata":[]}`, `field "metadata": expected an object, got an array`),
+		js400("POST", "/v1/sandboxes", `{"allow":["a.example.com",7]}`, `field "allow[1]": expected a string, got a number`),
+		js400("POST", "/v1/sandboxes", `{"resources":{"memory_mb":"x"}}`, `field "resources.memory_mb": expected a number, got a string`),
+		js400("POST", "/v1/sandboxes", `{"nope":1}`, `unknown field "nope"`),
+		js400("POST", "/v1/sandboxes", `{"resources":{"nope":1}}`, `unknown field "resources.nope"`),
+		js400("POST", "/v1/sandboxes", `{"metadata":{"nope":"1"},"nope":1}`, `unknown field "nope"`),
+		js400("POST", "/v1/sandboxes", `{"volumes":[{"volume":"v","path":"/x"},{"volume":"v","nope":1}]}`, `unknown field "volumes[1].nope"`),
+		js400("POST", "/v1/sandboxes", `{"volumes":[{"volume":"v","path":"/x"},{"path":5}]}`, `field "volumes[1].path": expected a string, got a number`),
+		// keys match fields regardless of case, as encoding/json does; the
+		// path is the one the body spells
+		js400("POST", "/v1/sandboxes", `{"Resources":{"nope":1}}`, `unknown field "Resources.nope"`),
+		js400("POST", "/v1/sandboxes", `{"TIMEOUT":"x"}`, `field "TIMEOUT": expected a number, got a string`),
+		body("POST", "/v1/sandboxes", `{"timeout":-1}`, bad, inv),
 		body("POST", "/v1/sandboxes", `{"resources":{"memory_mb":-5}}`, bad, inv), body("POST", "/v1/sandboxes", `{"resources":{"cpu":1e308}}`, bad, inv),
-		body("POST", "/v1/sandboxes", `{"metadata":{"a":5}}`, bad, js), body("POST", "/v1/sandboxes", `{"nope":1}`, bad, js),
-		body("POST", "/v1/sandboxes", `[]`, bad, js),
 		body("POST", "/v1/sandboxes", `{"template":"a\u0000b"}`, bad, inv), body("POST", "/v1/sandboxes", `{"template":"`+long+`"}`, bad, inv),
-		body("POST", s+"/timeout", `{"timeout":-1}`, bad, inv), body("POST", s+"/timeout", `{"timeout":1e300}`, bad, js),
-		body("POST", s+"/timeout", `{"timeout":"x"}`, bad, js),
-		body("POST", s+"/exec", `{"command":5}`, bad, js), body("POST", s+"/exec", `{"command":"echo","timeout":-1}`, bad, inv),
-		body("POST", s+"/exec", `{"nope":1}`, bad, js),
-		body("PUT", s+"/network", `{"allow":[""]}`, bad, inv), body("PUT", s+"/network", `{"allow":5}`, bad, js),
+		body("POST", s+"/timeout", `{"timeout":-1}`, bad, inv),
+		js400("POST", s+"/timeout", `{"timeout":1e300}`, `field "timeout": 1e300 is out of range`),
+		js400("POST", s+"/timeout", `{"timeout":"x"}`, `field "timeout": expected a number, got a string`),
+		js400("POST", s+"/exec", `{"command":5}`, `field "command": expected a string, got a number`),
+		js400("POST", s+"/exec", `{"cmd":["echo",5]}`, `field "cmd[1]": expected a string, got a number`),
+		js400("POST", s+"/exec", `{"command":"echo","env":{"A":true}}`, `field "env.A": expected a string, got a boolean`),
+		body("POST", s+"/exec", `{"command":"echo","timeout":-1}`, bad, inv),
+		js400("POST", s+"/exec", `{"nope":1}`, `unknown field "nope"`),
+		body("PUT", s+"/network", `{"allow":[""]}`, bad, inv),
+		js400("PUT", s+"/network", `{"allow":5}`, `field "allow": expected an array, got a number`),
 		body("PUT", s+"/network", `{"mode":"x"}`, bad, inv),
-		body("POST", s+"/snapshots", `{"name":5}`, bad, js), body("POST", s+"/snapshots", `{"name":"`+long+`"}`, bad, inv),
-		body("POST", "/v1/tasks", `{"max_calls":-1}`, bad, inv), body("POST", "/v1/tasks", `{"max_calls":1e30}`, bad, js),
-		body("POST", "/v1/tasks", `{"agent":5}`, bad, js),
-		body("POST", "/v1/tasks", `{"on_trip":"x"}`, bad, inv), body("POST", "/v1/tasks", `{"nope":1}`, bad, js),
-		body("PATCH", tk, `{"max_calls":-1}`, bad, inv), body("PATCH", tk, `{"max_calls":"x"}`, bad, js),
+		js400("POST", s+"/snapshots", `{"name":5}`, `field "name": expected a string, got a number`),
+		body("POST", s+"/snapshots", `{"name":"`+long+`"}`, bad, inv),
+		js400("POST", s+"/pause", `{"persist":"x"}`, `field "persist": expected a boolean, got a string`),
+		js400("POST", s+"/code", `{"code":5}`, `field "code": expected a string, got a number`),
+		// the run's options were read ignoring errors: a string timeout
+		// was refused as "timeout must be more than 0"
+		js400("POST", s+"/code", `{"code":"1","timeout":"x"}`, `field "timeout": expected a number, got a string`),
+		body("POST", "/v1/tasks", `{"max_calls":-1}`, bad, inv),
+		js400("POST", "/v1/tasks", `{"max_calls":1e30}`, `field "max_calls": 1e30 is out of range`),
+		js400("POST", "/v1/tasks", `{"agent":5}`, `field "agent": expected a string, got a number`),
+		body("POST", "/v1/tasks", `{"on_trip":"x"}`, bad, inv), js400("POST", "/v1/tasks", `{"nope":1}`, `unknown field "nope"`),
+		body("PATCH", tk, `{"max_calls":-1}`, bad, inv),
+		js400("PATCH", tk, `{"max_calls":"x"}`, `field "max_calls": expected a number, got a string`),
 		body("POST", tk+"/tokens", `{"tokens":-1}`, bad, inv), body("POST", tk+"/tokens", `{"tokens":9223372036854775807}`, bad, inv),
-		body("PUT", "/v1/secrets/S1", `{"hosts":["a"],"value":""}`, bad, inv), body("PUT", "/v1/secrets/S1", `{"hosts":5}`, bad, js),
+		body("PUT", "/v1/secrets/S1", `{"hosts":["a"],"value":""}`, bad, inv),
+		js400("PUT", "/v1/secrets/S1", `{"hosts":5}`, `field "hosts": expected an array, got a number`),
 		body("PUT", "/v1/secrets/a%2Fb", `{}`, bad, inv),
 		withMsg(body("PUT", "/v1/secrets/S1", `{"hosts":["api.example.com"],"header":"Author\u0000ization","value":"12345678"}`, bad, inv), "header"),
 		withMsg(body("PUT", "/v1/secrets/S1", `{"hosts":["api.example.com"],"header":"X(y)","value":"12345678"}`, bad, inv), "header"),
 		withMsg(body("PUT", "/v1/secrets/S1", `{"hosts":["api.example.com"],"header":"Authorizätion","value":"12345678"}`, bad, inv), "header"),
 		body("POST", "/v1/keys", `{"role":"god"}`, bad, inv), body("POST", "/v1/keys", `{"team":"a/b"}`, bad, inv),
-		body("POST", "/v1/keys", `{"name":5}`, bad, js),
+		js400("POST", "/v1/keys", `{"name":5}`, `field "name": expected a string, got a number`),
+		js400("POST", "/v1/keys", `{"team":"a","key":"e2b_chosen"}`, `unknown field "key"`),
 		body("PUT", "/v1/teams/alpha/quota", `{"max_sandboxes":-1}`, bad, inv), body("PUT", "/v1/teams/alpha/quota", `{"max_cpus":"x"}`, bad, inv),
 		body("PUT", "/v1/pools/base", `{"min":-1,"max":-1}`, bad, inv), body("PUT", "/v1/pools/base", `{"min":5,"max":1}`, bad, inv),
-		body("PUT", "/v1/pools/base", `{"min":"x"}`, bad, js),
-		body("POST", "/sandboxes", `{"templateID":5}`, bad, e2bShape), body("POST", "/sandboxes", `{"timeout":4294967296}`, bad, e2bShape),
+		js400("PUT", "/v1/pools/base", `{"min":"x"}`, `field "min": expected a number, got a string`),
+		js400("POST", "/v1/volumes", `{"name":"v","size_mb":"x"}`, `field "size_mb": expected a number, got a string`),
+		js400("POST", "/v1/templates/builds", `{"name":5}`, `field "name": expected a string, got a number`),
+		js400("POST", "/v1/templates/builds", `{"name":"t","version":"1","nope":1}`, `unknown field "nope"`),
+		body("POST", "/sandboxes", `{"timeout":4294967296}`, bad, e2bShape),
 		body("POST", "/sandboxes", `{"timeout":-1}`, bad, e2bShape),
+		e2b400("POST", "/sandboxes", `{"templateID":5}`, `field "templateID": expected a string, got a number`),
+		e2b400("POST", "/sandboxes", `{"templateID":"base","timeout":"60"}`, `field "timeout": expected a number, got a string`),
+		e2b400("POST", "/sandboxes", `{"templateID":"base","timeout":1e99}`, `field "timeout": 1e99 is out of range`),
+		e2b400("POST", "/sandboxes", `{"templateID":"base","metadata":{"a":5}}`, `field "metadata.a": expected a string, got a number`),
+		e2b400("POST", "/sandboxes", `{"templateID":"base","network":{"allowOut":"x"}}`, `field "network.allowOut": expected an array, got a string`),
+		e2b400("POST", "/sandboxes", `{"templateID":"base","network":"x"}`, `field "network": expected an object, got a string`),
+		e2b400("POST", "/sandboxes", `{"templateID":"base","volumeMounts":[{"name":"v","path":5}]}`, `field "volumeMounts[0].path": expected a string, got a number`),
+		e2b400("PUT", "/sandboxes/"+sb.ID+"/network", `{"allowOut":["a.example.com",5]}`, `field "allowOut[1]": expected a string, got a number`),
+		e2b400("POST", "/sandboxes/"+sb.ID+"/timeout", `{"timeout":"60"}`, `field "timeout": expected a number, got a string`),
+		e2b400("POST", "/sandboxes/"+sb.ID+"/connect", `{"timeout":true}`, `field "timeout": expected a number, got a boolean`),
+		e2b400("POST", "/sandboxes/"+sb.ID+"/resume", `{"timeout":1.5}`, `field "timeout": expected an integer, got 1.5`),
+		badCase{method: "POST", path: "/v1/sandboxes", body: `{"template":"` + strings.Repeat("x", api.MaxJSONBody) + `"}`,
+			status: http.StatusRequestEntityTooLarge, code: api.CodeBodyTooLarge, msg: fmt.Sprintf("request body exceeds %d bytes", api.MaxJSONBody), exact: true},
+		badCase{method: "POST", path: "/sandboxes", body: `{"templateID":"` + strings.Repeat("x", api.MaxJSONBody) + `"}`,
+			status: http.StatusRequestEntityTooLarge, code: e2bShape, msg: fmt.Sprintf("request body exceeds %d bytes", api.MaxJSONBody), exact: true},
+		badCase{method: "POST", path: s + "/code", body: `{"code":"` + strings.Repeat("x", api.MaxCodeRequest) + `"}`,
+			status: http.StatusRequestEntityTooLarge, code: api.CodeBodyTooLarge, msg: fmt.Sprintf("request body exceeds %d bytes", api.MaxCodeRequest), exact: true},
+		badCase{method: "POST", path: "/execute", body: `{"code":"` + strings.Repeat("x", api.MaxCodeRequest) + `"}`, hdr: execHdr,
+			status: http.StatusRequestEntityTooLarge, code: e2bShape, msg: fmt.Sprintf("request body exceeds %d bytes", api.MaxCodeRequest), exact: true},
+		withHdr(e2b400("POST", "/execute", `{"code":5}`, `field "code": expected a string, got a number`), execHdr...),
+		withHdr(e2b400("POST", "/execute", `{"code":"1","env_vars":{"A":1}}`, `field "env_vars.A": expected a string, got a number`), execHdr...),
 
 		// a key given twice (at any depth), control characters in
 		// metadata and agent names, a NUL in an env value
@@ -199,11 +284,19 @@ func TestBadInputRefused(t *testing.T) {
 		withMsg(body("POST", "/v1/sandboxes", `{"agent":"a\nb"}`, bad, inv), "agent"),
 		withMsg(body("POST", "/v1/tasks", `{"agent":"a\u0000b"}`, bad, inv), "agent"),
 
-		// MCP: a message whose object names a key twice, a body over
-		// the bound (the SDK's: it answered in plain text)
-		badCase{method: "POST", path: "/mcp", hdr: mcpHdr, status: bad, code: js, msg: "protocolVersion",
-			body: `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`},
-		badCase{method: "POST", path: "/mcp", hdr: mcpHdr, status: http.StatusRequestEntityTooLarge, code: api.CodeBodyTooLarge, msg: "exceeds",
+		// MCP: a message that is not JSON, names a key twice, is empty
+		// or over the body bound (the SDK's, which answered in plain
+		// text): JSON-RPC's parse error (-32700) or invalid request
+		// (-32600), id null, with the exact message
+		mcp400(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`,
+			`key "params.protocolVersion" is given twice in one object`),
+		mcp400(`{"jsonrpc":"2.0","id":1,"method":"tools/list"`, "syntax error at byte 45: unexpected end of JSON input"),
+		mcp400(`jsonrpc=2.0`, "syntax error at byte 1: invalid character 'j' looking for beginning of value"),
+		mcp400(`{"jsonrpc":"2.0","id":1,"method":"tools/list"} {}`, "unexpected data after the JSON value at byte 48"),
+		mcp400(`[{"jsonrpc":"2.0","id":1,"method":"ping","id":2}]`, `key "[0].id" is given twice in one object`),
+		mcp400("\n", "empty body; expected a JSON object"),
+		badCase{method: "POST", path: "/mcp", hdr: mcpHdr, status: http.StatusRequestEntityTooLarge, code: api.CodeBodyTooLarge, rpc: -32600,
+			msg: fmt.Sprintf("request body exceeds %d bytes", api.MaxMCPBody), exact: true,
 			body: `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"` +
 				strings.Repeat("x", api.MaxMCPBody) + `","version":"1"}}}`},
 
@@ -263,6 +356,52 @@ func TestBadInputRefused(t *testing.T) {
 		// a template spec that cannot be built: refused before the stream
 		withMsg(body("POST", "/v1/templates/builds", `{"name":"a\u0000","version":"1"}`, bad, inv), "template name"),
 	)
+	// the JSON rule of every route that reads a body (parseJSON), with
+	// exact messages; emptyOK: an empty body is the route's defaults
+	// (E2B's routes, and native ones whose body is optional)
+	for _, r := range []struct {
+		method, path string
+		e2b, emptyOK bool
+		hdr          []string
+	}{
+		{method: "POST", path: "/v1/sandboxes"}, {method: "POST", path: s + "/timeout"}, {method: "POST", path: s + "/exec"},
+		{method: "PUT", path: s + "/network"}, {method: "POST", path: s + "/snapshots", emptyOK: true},
+		{method: "POST", path: s + "/fork", emptyOK: true}, {method: "POST", path: s + "/pause", emptyOK: true},
+		{method: "POST", path: s + "/resume", emptyOK: true}, {method: "POST", path: s + "/template"},
+		{method: "POST", path: s + "/code"}, {method: "POST", path: "/v1/tasks"}, {method: "PATCH", path: tk},
+		{method: "POST", path: tk + "/tokens"}, {method: "PUT", path: "/v1/secrets/S1"}, {method: "POST", path: "/v1/keys"},
+		{method: "PUT", path: "/v1/teams/alpha/quota"}, {method: "PUT", path: "/v1/pools/base"}, {method: "POST", path: "/v1/volumes"},
+		{method: "POST", path: "/v1/templates/builds"}, {method: "POST", path: "/v1/templates/import"},
+		{method: "POST", path: "/v1/tools/call"},
+		{method: "POST", path: "/sandboxes", e2b: true}, {method: "POST", path: "/sandboxes/" + sb.ID + "/timeout", e2b: true},
+		{method: "POST", path: "/sandboxes/" + sb.ID + "/connect", e2b: true}, {method: "POST", path: "/sandboxes/" + sb.ID + "/resume", e2b: true},
+		{method: "PUT", path: "/sandboxes/" + sb.ID + "/network", e2b: true}, {method: "POST", path: "/sandboxes/" + sb.ID + "/snapshots", e2b: true},
+		{method: "POST", path: "/sandboxes/" + sb.ID + "/fork", e2b: true}, {method: "POST", path: "/volumes", e2b: true},
+		{method: "POST", path: "/execute", e2b: true, hdr: execHdr},
+	} {
+		for _, b := range []struct{ body, msg string }{
+			{`{"a":`, "syntax error at byte 5: unexpected end of JSON input"},
+			{`{"a" 1}`, "syntax error at byte 6: invalid character '1' after object key"},
+			{"{\n  \"a\": nul }", "syntax error at byte 13: invalid character ' ' in literal null (expecting 'l')"},
+			{`not json`, "syntax error at byte 2: invalid character 'o' in literal null (expecting 'u')"},
+			{`{} []`, "unexpected data after the JSON value at byte 4"},
+			{"{}\n\n{}", "unexpected data after the JSON value at byte 5"},
+			{`{"a":1,"a":2}`, `key "a" is given twice in one object`},
+			{`{"x":{"k":[{"a":1,"a":2}]}}`, `key "x.k[0].a" is given twice in one object`},
+			{`[]`, "expected an object, got an array"},
+			{`"x"`, "expected an object, got a string"},
+			{" \n", "empty body; expected a JSON object"},
+		} {
+			if strings.TrimSpace(b.body) == "" && (r.e2b || r.emptyOK) {
+				continue
+			}
+			c := badCase{method: r.method, path: r.path, body: b.body, hdr: r.hdr, status: bad, code: js, msg: b.msg, exact: true}
+			if r.e2b {
+				c.code = e2bShape
+			}
+			cases = append(cases, c)
+		}
+	}
 	before := e.stateOf()
 	for _, c := range cases {
 		name := c.method + " " + c.path[:min(len(c.path), 70)] + " " + c.body[:min(len(c.body), 60)]
@@ -271,25 +410,52 @@ func TestBadInputRefused(t *testing.T) {
 			Code    any    `json:"code"`
 			Message string `json:"message"`
 		}
-		if err := json.Unmarshal(raw, &ae); err != nil {
+		want := any(c.code)
+		if c.rpc != 0 {
+			// JSON-RPC 2.0: {"jsonrpc":"2.0","id":null,"error":{"code","message","data"}}
+			var re struct {
+				JSONRPC string           `json:"jsonrpc"`
+				ID      *json.RawMessage `json:"id"`
+				Error   struct {
+					Code    int    `json:"code"`
+					Message string `json:"message"`
+					Data    struct {
+						Code string `json:"code"`
+					} `json:"data"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(raw, &re); err != nil || re.JSONRPC != "2.0" || !bytes.Contains(raw, []byte(`"id":null`)) || re.Error.Code != c.rpc {
+				t.Errorf("%s: %d %q: not a JSON-RPC error of code %d with id null", name, st, raw, c.rpc)
+				continue
+			}
+			ae.Code, ae.Message = re.Error.Data.Code, re.Error.Message
+		} else if err := json.Unmarshal(raw, &ae); err != nil {
 			t.Errorf("%s: %d %q: not a JSON error", name, st, raw)
 			continue
 		}
-		want := any(c.code)
 		if c.code == e2bShape {
 			want = float64(c.status)
 		}
 		if st != c.status || ae.Code != want {
 			t.Errorf("%s: %d %v %q, want %d %v", name, st, ae.Code, ae.Message, c.status, want)
 		}
-		if ae.Message == "" || !strings.Contains(ae.Message, c.msg) {
+		if c.exact && ae.Message != c.msg {
+			t.Errorf("%s: message %q, want %q", name, ae.Message, c.msg)
+		} else if ae.Message == "" || !strings.Contains(ae.Message, c.msg) {
 			t.Errorf("%s: message %q, want one naming %q", name, ae.Message, c.msg)
+		}
+		if goName.MatchString(ae.Message) {
+			t.Errorf("%s: message %q names a Go type", name, ae.Message)
 		}
 		if after := e.stateOf(); after != before {
 			t.Fatalf("%s changed state:\nbefore %s\nafter  %s", name, before, after)
 		}
 	}
 }
+
+// goName matches the Go type and struct names encoding/json's errors
+// carry ("Go struct field createRequest.timeout of type int64").
+var goName = regexp.MustCompile(`Go (struct|value)|json: |of type|\bu?int(8|16|32|64)?\b|float(32|64)|map\[|\[\]|struct \{`)
 
 // TestE2BIgnoresUnknownParams pins the E2B routes' rule for query
 // parameters they do not read: ignored, as E2B's API ignores them (an

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -168,28 +169,27 @@ type e2bNewSandbox struct {
 	Metadata            map[string]string `json:"metadata"`
 	EnvVars             map[string]string `json:"envVars"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	Network             json.RawMessage   `json:"network"`
+	Network             *e2bNetworkConfig `json:"network"`
 	AutoPause           *bool             `json:"autoPause"`
 	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
 	Secure              *bool             `json:"secure"`
 	MCP                 json.RawMessage   `json:"mcp"`
-	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
+	VolumeMounts        []e2bVolumeMount  `json:"volumeMounts"`
 }
 
 // e2bBody decodes a bounded JSON body by the rule of parseJSON, tolerating
 // unknown fields (the SDK adds fields over time) and an empty body.
 func e2bBody(w http.ResponseWriter, r *http.Request, v any) bool {
-	r.Body = http.MaxBytesReader(w, r.Body, MaxJSONBody)
-	data, err := io.ReadAll(r.Body)
-	if err != nil {
-		e2bError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", MaxJSONBody))
-		return false
-	}
-	if len(strings.TrimSpace(string(data))) == 0 {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	if err == nil && len(bytes.TrimSpace(data)) == 0 {
 		return true
 	}
-	if err := parseJSON(data, v, false); err != nil {
-		e2bError(w, http.StatusBadRequest, "invalid JSON body: "+strings.TrimPrefix(err.Error(), "json: "))
+	if err == nil {
+		err = parseJSON(data, v, false)
+	}
+	if err != nil {
+		f := bodyFailure(err)
+		e2bError(w, f.status, f.msg)
 		return false
 	}
 	return true
@@ -204,13 +204,6 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		e2bError(w, http.StatusBadRequest, "MCP gateway sandboxes are not supported by corral")
 		return
 	}
-	var mounts []e2bVolumeMount
-	if len(req.VolumeMounts) > 0 && string(req.VolumeMounts) != "null" {
-		if err := json.Unmarshal(req.VolumeMounts, &mounts); err != nil {
-			e2bError(w, http.StatusBadRequest, "volumeMounts must be a list of {name, path}")
-			return
-		}
-	}
 	ttl := int64(300)
 	if req.Timeout != nil {
 		ttl = *req.Timeout
@@ -220,16 +213,12 @@ func (s *Server) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		e2bError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	public, err := e2bPublicTraffic(req.Network)
-	if err != nil {
-		e2bError(w, http.StatusBadRequest, err.Error())
-		return
-	}
+	public := e2bPublicTraffic(req.Network)
 	cr := sandbox.CreateRequest{Team: callerTeam(r), Template: req.TemplateID, Timeout: &ttl, Metadata: req.Metadata, Env: req.EnvVars,
 		Network: mode, Allow: allow, PublicTraffic: public,
 		// lifecycle.onTimeout "pause": E2B keeps memory unless keepMemory is false.
 		AutoPause: req.AutoPause != nil && *req.AutoPause, PauseMemory: req.AutoPauseMemory == nil || *req.AutoPauseMemory}
-	for _, vm := range mounts {
+	for _, vm := range req.VolumeMounts {
 		cr.Volumes = append(cr.Volumes, volume.Request{Volume: vm.Name, Path: vm.Path})
 	}
 	sb, err := s.mgr.Create(r.Context(), cr)

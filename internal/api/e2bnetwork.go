@@ -40,12 +40,13 @@ func present(raw json.RawMessage) bool {
 //
 // Header-transform rules, a custom egress proxy and denyOut of specific
 // ranges have no corral equivalent and are refused with a reason.
-func e2bPolicy(internet *bool, raw json.RawMessage, internetMode string) (string, []string, error) {
-	var nc e2bNetworkConfig
-	if present(raw) {
-		if err := json.Unmarshal(raw, &nc); err != nil {
-			return "", nil, fmt.Errorf("network: %v", strings.TrimPrefix(err.Error(), "json: "))
-		}
+//
+// nc is the body's network object, nil when it has none (parsed with the
+// body by parseJSON, so that a value of the wrong kind is refused naming
+// its path, network.allowOut).
+func e2bPolicy(internet *bool, nc *e2bNetworkConfig, internetMode string) (string, []string, error) {
+	if nc == nil {
+		nc = &e2bNetworkConfig{}
 	}
 	if internet == nil {
 		internet = nc.AllowInternetAccess
@@ -74,17 +75,11 @@ func e2bPolicy(internet *bool, raw json.RawMessage, internetMode string) (string
 
 // e2bPublicTraffic returns network.allowPublicTraffic of an E2B create
 // body (nil when absent: the server's default).
-func e2bPublicTraffic(raw json.RawMessage) (*bool, error) {
-	if !present(raw) {
-		return nil, nil
+func e2bPublicTraffic(nc *e2bNetworkConfig) *bool {
+	if nc == nil {
+		return nil
 	}
-	var nc struct {
-		AllowPublicTraffic *bool `json:"allowPublicTraffic"`
-	}
-	if err := json.Unmarshal(raw, &nc); err != nil {
-		return nil, fmt.Errorf("network: %v", strings.TrimPrefix(err.Error(), "json: "))
-	}
-	return nc.AllowPublicTraffic, nil
+	return nc.AllowPublicTraffic
 }
 
 // e2bUpdateNetwork serves PUT /sandboxes/{id}/network: the body replaces
@@ -94,11 +89,11 @@ func (s *Server) e2bUpdateNetwork(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var raw json.RawMessage
-	if !e2bBody(w, r, &raw) {
+	var nc e2bNetworkConfig
+	if !e2bBody(w, r, &nc) {
 		return
 	}
-	mode, allow, err := e2bPolicy(nil, raw, s.cfg.E2BInternet)
+	mode, allow, err := e2bPolicy(nil, &nc, s.cfg.E2BInternet)
 	if err != nil {
 		e2bError(w, http.StatusBadRequest, err.Error())
 		return

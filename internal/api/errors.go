@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/corralhq/corral/internal/govern"
@@ -96,7 +95,11 @@ func classify(err error) apiFailure {
 	var kinv *store.InvalidKeyError
 	var other *sandbox.OtherNodeError
 	var param *ParamError
+	var body *bodyError
+	var mbe *http.MaxBytesError
 	switch {
+	case errors.As(err, &body), errors.As(err, &mbe):
+		return bodyFailure(err)
 	case errors.As(err, &param):
 		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidArgument, msg: param.Error()}
 	case errors.Is(err, errForbiddenTeam), errors.Is(err, errAdminOnly):
@@ -190,15 +193,25 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err == nil {
 		return true
 	}
+	f := bodyFailure(err)
+	writeError(w, f.status, f.code, f.msg)
+	return false
+}
+
+// bodyFailure classifies the error of reading a request body through
+// http.MaxBytesReader and parsing it (parseJSON), for every API shape
+// (native, E2B's, MCP's JSON-RPC): over the bound is 413
+// body_too_large, anything else 400 invalid_json with parseJSON's
+// message.
+func bodyFailure(err error) apiFailure {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		writeError(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("request body exceeds %d bytes", MaxJSONBody))
-		return false
+		return apiFailure{status: http.StatusRequestEntityTooLarge, code: CodeBodyTooLarge, msg: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
 	}
-	msg := err.Error()
-	if errors.Is(err, io.EOF) {
-		msg = "empty body; expected a JSON object"
+	var be *bodyError
+	if errors.As(err, &be) {
+		return apiFailure{status: http.StatusBadRequest, code: CodeInvalidJSON, msg: be.msg}
 	}
-	writeError(w, http.StatusBadRequest, CodeInvalidJSON, "invalid JSON: "+strings.TrimPrefix(msg, "json: "))
-	return false
+	// a read that failed otherwise: the client went away, say
+	return apiFailure{status: http.StatusBadRequest, code: CodeInvalidJSON, msg: "reading the body: " + err.Error()}
 }

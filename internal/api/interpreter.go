@@ -382,11 +382,15 @@ func (s *Server) interpreterSend(ctx context.Context, id, method, path string, b
 func readCodeRequest(w http.ResponseWriter, r *http.Request) ([]byte, codeRequest, error) {
 	var req codeRequest
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxCodeRequest))
-	if err != nil {
-		return nil, req, &sandbox.InvalidError{Msg: fmt.Sprintf("a run request is at most %d bytes", MaxCodeRequest)}
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return nil, req, mbe // 413 (classify)
+	case err != nil:
+		return nil, req, &bodyError{"reading the body: " + err.Error()}
 	}
 	if err := parseJSON(body, &req, false); err != nil {
-		return nil, req, &sandbox.InvalidError{Msg: "invalid run request: " + err.Error()}
+		return nil, req, err
 	}
 	return body, req, nil
 }
@@ -411,7 +415,8 @@ func (s *Server) e2bExecute(w http.ResponseWriter, r *http.Request, id string) {
 	defer release()
 	body, req, err := readCodeRequest(w, r)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+		f := classify(err)
+		e2bError(w, f.status, f.msg)
 		return
 	}
 	emit, started := ndjsonWriter(w)
@@ -496,7 +501,10 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		Timeout *float64 `json:"timeout"`
 		Stream  bool     `json:"stream"`
 	}
-	_ = json.Unmarshal(body, &opts)
+	if err := parseJSON(body, &opts, false); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
 	timeout := DefaultCodeTimeout
 	if opts.Timeout != nil {
 		timeout = time.Duration(*opts.Timeout * float64(time.Second))

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -108,22 +109,18 @@ func (s *Server) mcpEndpoint(next http.Handler) http.HandlerFunc {
 		}
 		r = r.Clone(ctx)
 		if r.Method == http.MethodPost {
-			// The SDK keeps the last of a key given twice: the message is
-			// read (at most MaxMCPBody, the SDK's own bound) and checked
-			// by the JSON rule of every body (parseJSON) before the SDK
-			// sees it.
+			// The SDK keeps the last of a key given twice and answers a
+			// body that is not JSON in plain text: the message is read
+			// (at most MaxMCPBody, the SDK's own bound) and checked by
+			// the JSON rule of every body (parseJSON) before the SDK sees
+			// it, a refusal answered as JSON-RPC's error (writeRPCError).
 			data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxMCPBody))
-			var mbe *http.MaxBytesError
-			switch {
-			case errors.As(err, &mbe):
-				writeError(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("request body exceeds %d bytes", MaxMCPBody))
-				return
-			case err != nil:
-				writeError(w, http.StatusBadRequest, CodeInvalidJSON, "reading the body: "+err.Error())
-				return
+			if err == nil {
+				var msg json.RawMessage
+				err = parseJSON(data, &msg, false)
 			}
-			if err := noDuplicateKeys(data); err != nil {
-				writeError(w, http.StatusBadRequest, CodeInvalidJSON, "invalid JSON: "+err.Error())
+			if err != nil {
+				writeRPCError(w, bodyFailure(err))
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(data))
@@ -134,6 +131,45 @@ func (s *Server) mcpEndpoint(next http.Handler) http.HandlerFunc {
 		r.Header.Set("Authorization", "Bearer checked")
 		next.ServeHTTP(w, r)
 	}
+}
+
+// JSON-RPC 2.0's error codes of the MCP messages the endpoint refuses
+// before the SDK reads them (docs/mcp.md).
+const (
+	// rpcParseError answers a body that is not one JSON value, or names
+	// a key twice in an object.
+	rpcParseError = -32700
+	// rpcInvalidRequest answers a body over MaxMCPBody.
+	rpcInvalidRequest = -32600
+)
+
+// rpcError is a JSON-RPC 2.0 error response. ID is always null: the
+// refused message was not read, so its id is not known.
+type rpcError struct {
+	JSONRPC string  `json:"jsonrpc"`
+	ID      *string `json:"id"`
+	Error   struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+		Data    struct {
+			Code string `json:"code"`
+		} `json:"data"`
+	} `json:"error"`
+}
+
+// writeRPCError answers the body failure f (bodyFailure) of an MCP
+// message in JSON-RPC 2.0's shape, as the SDK answers its own
+// JSON-RPC errors (HTTP status f's, Content-Type application/json):
+// code -32700 for invalid JSON, -32600 for a body over the bound, f's
+// message, and corral's stable code as error.data.code.
+func writeRPCError(w http.ResponseWriter, f apiFailure) {
+	var e rpcError
+	e.JSONRPC = "2.0"
+	e.Error.Code, e.Error.Message, e.Error.Data.Code = rpcParseError, f.msg, f.code
+	if f.code != CodeInvalidJSON {
+		e.Error.Code = rpcInvalidRequest
+	}
+	writeJSON(w, f.status, e)
 }
 
 // mcpTool is the MCP handler of tool name: one tools.Call in the

@@ -122,7 +122,8 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		err = parseJSON(data, &spec, true)
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidJSON, "invalid spec: "+err.Error())
+		f := bodyFailure(err)
+		writeError(w, f.status, f.code, f.msg)
 		return
 	}
 	team, err := newTemplateTeam(r)
