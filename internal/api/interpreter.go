@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -589,14 +590,22 @@ func (s *Server) codeContexts(w http.ResponseWriter, r *http.Request) {
 	}
 	path := "/contexts"
 	if c := r.PathValue("ctx"); c != "" {
-		path += "/" + c
+		// Escaped: a context id is one path segment of the interpreter's
+		// routes, never a way to another route ("..%2Fhealth").
+		path += "/" + url.PathEscape(c)
 		if strings.HasSuffix(r.URL.Path, "/restart") {
 			path += "/restart"
 		}
 	}
+	// The body goes to the interpreter as it came, once it passed the JSON
+	// rule of every body (parseJSON): no key given twice for the
+	// interpreter to read otherwise than corral did.
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	if err == nil && len(bytes.TrimSpace(body)) > 0 {
+		err = parseJSON(body, new(map[string]json.RawMessage), false)
+	}
 	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "body over the limit")
+		s.writeFailure(w, r, bodyFailure(err))
 		return
 	}
 	resp, err := s.interpreterDo(r.Context(), id, r.Method, path, body)
