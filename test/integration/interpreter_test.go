@@ -398,6 +398,53 @@ func TestInterpreterInterrupts(t *testing.T) {
 		}
 	})
 
+	// A kernel ignores SIGINT until it executes a request (ipykernel sets
+	// SIG_IGN outside its handlers), and on a busy host a run can wait
+	// for its kernel longer than its timeout, or than its client stays:
+	// an interrupt sent then was lost, the run went on, and the kernel was
+	// restarted after the grace, taking the context's state. Here the
+	// kernel is made to hold the next request for 3 s (slowKernel) before
+	// executing it, so that the timeout (1 s) and the hang-up fall in that
+	// window every time.
+	t.Run("timeout while the kernel has not started the run", func(t *testing.T) {
+		noError(t, s.exec(t, map[string]any{"code": slowKernel(3)}))
+		lines := s.exec(t, map[string]any{"code": "import time\ntime.sleep(600)", "timeout": 1})
+		e := ofType(lines, "error")
+		if len(e) != 1 || e[0].str("name") != "TimeoutError" || !strings.Contains(e[0].str("value"), "keeps its state") {
+			t.Fatalf("error lines %v", e)
+		}
+		if got := mainText(t, s.exec(t, map[string]any{"code": "kept"})); got != "yes" {
+			t.Fatalf("state after the timeout: %q", got)
+		}
+	})
+
+	t.Run("disconnect while the kernel has not started the run", func(t *testing.T) {
+		mustSh(t, s.id, "rm -f /tmp/corral-slow-kernel")
+		noError(t, s.exec(t, map[string]any{"code": slowKernel(5)}))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			// The answer's first line comes once the kernel executes the
+			// run, after the hang-up: this request only ends by it.
+			if resp, err := s.client.Do(s.request(ctx, "POST", "/execute", map[string]any{"code": "import time\ntime.sleep(600)"})); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+		waitFor(t, "the kernel to hold the run", 60*time.Second, func() bool {
+			return sh(t, s.id, "test -e /tmp/corral-slow-kernel").ExitCode == 0
+		})
+		cancel()
+		<-done
+		lines := s.exec(t, map[string]any{"code": "kept"})
+		noError(t, lines)
+		if got := mainText(t, lines); got != "yes" {
+			t.Fatalf("state after the hang-up: %q", got)
+		}
+	})
+
 	t.Run("interrupt ignored", func(t *testing.T) {
 		lines := s.exec(t, map[string]any{"code": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)", "timeout": 1})
 		e := ofType(lines, "error")
@@ -568,4 +615,22 @@ func TestInterpreterCPURunaway(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the spinning run's caller got no answer after its sandbox ended")
 	}
+}
+
+// slowKernel is code that makes its kernel hold the next request it
+// receives for the given seconds before handling it, as a kernel on a
+// busy host does: the request is received but not executed yet, the
+// window in which the kernel ignores SIGINT. The kernel touches
+// /tmp/corral-slow-kernel when the window begins.
+func slowKernel(seconds int) string {
+	return fmt.Sprintf(`import time as __t
+from functools import partial as __partial
+__k = get_ipython().kernel
+def __slow(msg, k=__k):
+    k.shell_stream.on_recv(__partial(k.schedule_dispatch, k.dispatch_shell), copy=False)
+    open("/tmp/corral-slow-kernel", "w").close()
+    __t.sleep(%d)
+    return k.dispatch_shell(msg)
+__k.shell_stream.on_recv(__partial(__k.schedule_dispatch, __slow), copy=False)
+del __k, __slow`, seconds)
 }
