@@ -52,6 +52,11 @@ KEEPALIVE_SECONDS = 5.0
 POLL_SECONDS = 0.1
 # How long an interrupted run may take to stop before its kernel is restarted.
 INTERRUPT_GRACE_SECONDS = _env_float("CORRAL_INTERPRETER_INTERRUPT_GRACE", 5.0)
+# How often the interrupt is sent again, within the grace, to a run that
+# has not stopped: IPython swallows a KeyboardInterrupt raised in its
+# event callbacks (pre_execute, pre_run_cell: right after the run starts),
+# and the code then runs on as if it had never been interrupted.
+INTERRUPT_RESEND_SECONDS = 1.0
 # How long a run that is to be interrupted (its timeout passed, or its
 # client left) may wait for the kernel to start executing it — the only
 # time an interrupt can reach it — before the kernel is restarted.
@@ -557,7 +562,7 @@ class Context:
         executing_at = None
         deadline = None  # set at execute_input
         want_at = None  # when the run was to be interrupted
-        interrupted_at = None
+        interrupted_at = resent_at = None
         reason = None
         error_sent = False
         outcome = "idle"
@@ -583,13 +588,17 @@ class Context:
             if want_at is not None and interrupted_at is None:
                 if executing_at is not None:
                     self.km.interrupt_kernel()
-                    interrupted_at = t
+                    interrupted_at = resent_at = t
                 elif t - want_at > RUN_START_GRACE_SECONDS:
                     outcome = "unstarted"
                     break
-            if interrupted_at is not None and t - interrupted_at > INTERRUPT_GRACE_SECONDS:
-                outcome = "stuck"
-                break
+            if interrupted_at is not None:
+                if t - interrupted_at > INTERRUPT_GRACE_SECONDS:
+                    outcome = "stuck"
+                    break
+                if t - resent_at >= INTERRUPT_RESEND_SECONDS:
+                    self.km.interrupt_kernel()
+                    resent_at = t
             try:
                 msg = self.kc.get_iopub_msg(timeout=POLL_SECONDS)
             except queue.Empty:

@@ -407,7 +407,31 @@ func TestInterpreterInterrupts(t *testing.T) {
 	// executing it, so that the timeout (1 s) and the hang-up fall in that
 	// window every time.
 	t.Run("timeout while the kernel has not started the run", func(t *testing.T) {
+		noError(t, s.exec(t, map[string]any{"code": "kept = 'yes'"}))
 		noError(t, s.exec(t, map[string]any{"code": slowKernel(3)}))
+		lines := s.exec(t, map[string]any{"code": "import time\ntime.sleep(600)", "timeout": 1})
+		e := ofType(lines, "error")
+		if len(e) != 1 || e[0].str("name") != "TimeoutError" || !strings.Contains(e[0].str("value"), "keeps its state") {
+			t.Fatalf("error lines %v", e)
+		}
+		if got := mainText(t, s.exec(t, map[string]any{"code": "kept"})); got != "yes" {
+			t.Fatalf("state after the timeout: %q", got)
+		}
+	})
+
+	// IPython swallows a KeyboardInterrupt raised in its event callbacks
+	// (pre_run_cell runs right after the run starts; on a busy host they
+	// can take a while) and runs the code on: one interrupt sent then was
+	// lost and the kernel restarted after the grace. Here a callback
+	// sleeps through the timeout's interrupt.
+	t.Run("interrupt swallowed by a callback is sent again", func(t *testing.T) {
+		noError(t, s.exec(t, map[string]any{"code": "kept = 'yes'"}))
+		noError(t, s.exec(t, map[string]any{"code": `import time as __t
+__ip = get_ipython()
+def __slow_cb(*args):
+    __ip.events.unregister("pre_run_cell", __slow_cb)
+    __t.sleep(2)
+__ip.events.register("pre_run_cell", __slow_cb)`}))
 		lines := s.exec(t, map[string]any{"code": "import time\ntime.sleep(600)", "timeout": 1})
 		e := ofType(lines, "error")
 		if len(e) != 1 || e[0].str("name") != "TimeoutError" || !strings.Contains(e[0].str("value"), "keeps its state") {
@@ -420,6 +444,7 @@ func TestInterpreterInterrupts(t *testing.T) {
 
 	t.Run("disconnect while the kernel has not started the run", func(t *testing.T) {
 		mustSh(t, s.id, "rm -f /tmp/corral-slow-kernel")
+		noError(t, s.exec(t, map[string]any{"code": "kept = 'yes'"}))
 		noError(t, s.exec(t, map[string]any{"code": slowKernel(5)}))
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
