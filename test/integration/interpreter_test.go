@@ -470,6 +470,25 @@ __ip.events.register("pre_run_cell", __slow_cb)`}))
 		}
 	})
 
+	// A native run's timeout counts from its start, not from the request:
+	// the kernel holds the run longer than its timeout before executing
+	// it (as a busy host, a kernel start or an earlier run does), and the
+	// run still runs and answers.
+	t.Run("native timeout counts from the run's start", func(t *testing.T) {
+		noError(t, s.exec(t, map[string]any{"code": slowKernel(6)}))
+		var out struct {
+			Results  []map[string]any `json:"results"`
+			Error    map[string]any   `json:"error"`
+			TimedOut bool             `json:"timed_out"`
+		}
+		if st := call(t, "POST", "/v1/sandboxes/"+s.id+"/code", map[string]any{"code": "6 * 7", "timeout": 3}, &out); st != 200 {
+			t.Fatalf("native run: %d", st)
+		}
+		if out.Error != nil || out.TimedOut || len(out.Results) != 1 || out.Results[0]["text"] != "42" {
+			t.Fatalf("a run held by its kernel past its timeout before it started: %+v", out)
+		}
+	})
+
 	t.Run("interrupt ignored", func(t *testing.T) {
 		lines := s.exec(t, map[string]any{"code": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)", "timeout": 1})
 		e := ofType(lines, "error")
