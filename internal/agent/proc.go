@@ -150,10 +150,12 @@ func (p *proc) pump(r *os.File, size int, wrap func([]byte) *pb.ProcessEvent_Dat
 }
 
 // kill sends sig to the process's whole process group (it is the leader of
-// its own session), falling back to the process itself.
+// its own session), falling back to the process itself while it has not
+// exited: once it is reaped its pid may be another process's (its group's
+// id is not reused while the group has members).
 func (p *proc) kill(sig syscall.Signal) error {
 	err := syscall.Kill(-p.pid, sig)
-	if err == syscall.ESRCH {
+	if err == syscall.ESRCH && !p.exited.Load() {
 		err = syscall.Kill(p.pid, sig)
 	}
 	return err

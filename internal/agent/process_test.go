@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -631,5 +632,26 @@ func TestDrainEndsWithDescendants(t *testing.T) {
 				t.Fatal("the stream did not end after the process exited")
 			}
 		})
+	}
+}
+
+// TestKillAfterExitSparesReusedPid: a signal for a process that has
+// exited (its output may still be draining to a slow consumer) goes to
+// its process group only, never to its pid alone, which may be another
+// process's by then. The stand-in here is a live child in no group of
+// its own, with the exited process's pid.
+func TestKillAfterExitSparesReusedPid(t *testing.T) {
+	other := exec.Command("/bin/sleep", "30")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+	p := &proc{pid: other.Process.Pid}
+	p.exited.Store(true)
+	if err := p.kill(syscall.SIGKILL); err != syscall.ESRCH {
+		t.Fatalf("kill of an exited process: %v, want ESRCH", err)
+	}
+	if !alive(other.Process.Pid) {
+		t.Fatal("the process now holding the exited process's pid was killed")
 	}
 }
