@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -27,9 +26,16 @@ const (
 	subBuffer = 16
 	// retainExited is how long an exited process stays connectable.
 	retainExited = 30 * time.Second
-	// drainGrace is how long output is still read after the process exits,
-	// for descendants that keep the pipes open.
+	// drainGrace is how long, once the process has exited, its output
+	// pipes may stay empty before they are closed: descendants that
+	// inherited them may still write. It counts only time spent waiting
+	// for output, never time spent handing output to a slow consumer, so
+	// what the process wrote before it exited is always delivered whole.
 	drainGrace = 500 * time.Millisecond
+	// drainMax bounds what is still read from each pipe once the process
+	// has exited (descendants that keep writing): 1 MiB, the most an
+	// unprivileged writer can make a pipe hold (fs.pipe-max-size).
+	drainMax = 1 << 20
 )
 
 // proc is one process started by the agent.
@@ -50,6 +56,7 @@ type proc struct {
 
 	timedOut  atomic.Bool
 	signalled atomic.Bool
+	exited    atomic.Bool // the process has exited; its pipes drain (drainGrace)
 	timer     *time.Timer
 	oomBefore int64
 }
@@ -111,13 +118,26 @@ func (p *proc) broadcast(ev *pb.ProcessEvent) {
 var readBufs = sync.Pool{New: func() any { b := make([]byte, pipeChunk); return &b }}
 
 // pump reads r in chunks of size (at most pipeChunk) and broadcasts them
-// as data events.
-func (p *proc) pump(r io.Reader, size int, wrap func([]byte) *pb.ProcessEvent_DataEvent) {
+// as data events, until EOF or, once the process has exited, until r
+// stays empty for drainGrace or drainMax more bytes have come. r must
+// support read deadlines (a pipe or a non-blocking PTY master).
+func (p *proc) pump(r *os.File, size int, wrap func([]byte) *pb.ProcessEvent_DataEvent) {
 	bp := readBufs.Get().(*[]byte)
 	defer readBufs.Put(bp)
 	buf := (*bp)[:size]
+	afterExit := 0
 	for {
+		if p.exited.Load() {
+			// Re-armed before every read: the time this pump spent in
+			// broadcast, waiting for a slow consumer, is not idle time.
+			if afterExit >= drainMax || r.SetReadDeadline(time.Now().Add(drainGrace)) != nil {
+				return
+			}
+		}
 		n, err := r.Read(buf)
+		if p.exited.Load() {
+			afterExit += n
+		}
 		if n > 0 {
 			chunk := make([]byte, n)
 			copy(chunk, buf[:n])
@@ -130,10 +150,12 @@ func (p *proc) pump(r io.Reader, size int, wrap func([]byte) *pb.ProcessEvent_Da
 }
 
 // kill sends sig to the process's whole process group (it is the leader of
-// its own session), falling back to the process itself.
+// its own session), falling back to the process itself while it has not
+// exited: once it is reaped its pid may be another process's (its group's
+// id is not reused while the group has members).
 func (p *proc) kill(sig syscall.Signal) error {
 	err := syscall.Kill(-p.pid, sig)
-	if err == syscall.ESRCH {
+	if err == syscall.ESRCH && !p.exited.Load() {
 		err = syscall.Kill(p.pid, sig)
 	}
 	return err

@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -557,4 +559,99 @@ func heapInUse() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapInuse
+}
+
+// TestOutputAfterExitSlowConsumer: output a process wrote before it
+// exited is delivered whole however long its consumer takes to take it.
+// The drain grace bounds only the wait for descendants that keep the
+// pipes open; on a busy host, a stream slow to send was cut at that
+// grace and the output left in the pipe was lost. The subscriber here
+// holds no event until it is read, so the process's output (less than a
+// pipe holds) stays in its pipe when it exits, and it is read only well
+// after the grace.
+func TestOutputAfterExitSlowConsumer(t *testing.T) {
+	e := newTestEnv(t, nil)
+	const total = 60_000
+	u, _, err := e.srv.rpcUser(http.Header{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := e.srv.prepare(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/usr/bin/head", Args: []string{"-c", strconv.Itoa(total), "/dev/zero"}}}, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := &subscriber{ch: make(chan *pb.ProcessEvent), done: make(chan struct{})}
+	p, err := e.srv.spawn(sp, sub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.unsubscribe(sub)
+	if !eventually(30*time.Second, func() bool { return !alive(p.pid) }) {
+		t.Fatal("the writer did not exit")
+	}
+	// The ordering under test: the writer has exited with output in its
+	// pipe, and the consumer reads only after the drain grace.
+	time.Sleep(3 * drainGrace)
+	n := 0
+	for {
+		select {
+		case ev := <-sub.ch:
+			n += len(ev.GetData().GetStdout())
+			continue
+		case <-p.finished:
+		}
+		break
+	}
+	if end := p.endEvent(); n != total || end.GetStatus() != "exit status 0" {
+		t.Fatalf("got %d bytes of stdout (want %d), end %v", n, total, end)
+	}
+}
+
+// TestDrainEndsWithDescendants: descendants that inherited the output
+// pipes do not hold the stream open after the process exits, whether
+// they stay silent (drainGrace) or keep writing (drainMax); the
+// process's own output arrives.
+func TestDrainEndsWithDescendants(t *testing.T) {
+	for _, tc := range []struct{ name, script string }{
+		{"silent descendant", "/bin/sleep 30 & echo own"},
+		{"writing descendant", "/usr/bin/yes & echo own"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newTestEnv(t, nil)
+			st, pid := e.startWait(t, context.Background(), startReq("/bin/sh", "-c", tc.script))
+			defer st.Close()
+			defer func() { _ = syscall.Kill(-int(pid), syscall.SIGKILL) }()
+			done := make(chan result, 1)
+			go func() { done <- collectFrom[*pb.StartResponse](t, st, false) }()
+			select {
+			case r := <-done:
+				if !strings.HasPrefix(string(r.stdout), "own\n") || r.end.GetStatus() != "exit status 0" {
+					t.Fatalf("stdout %.40q (%d bytes), end %v", r.stdout, len(r.stdout), r.end)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the stream did not end after the process exited")
+			}
+		})
+	}
+}
+
+// TestKillAfterExitSparesReusedPid: a signal for a process that has
+// exited (its output may still be draining to a slow consumer) goes to
+// its process group only, never to its pid alone, which may be another
+// process's by then. The stand-in here is a live child in no group of
+// its own, with the exited process's pid.
+func TestKillAfterExitSparesReusedPid(t *testing.T) {
+	other := exec.Command("/bin/sleep", "30")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+	p := &proc{pid: other.Process.Pid}
+	p.exited.Store(true)
+	if err := p.kill(syscall.SIGKILL); err != syscall.ESRCH {
+		t.Fatalf("kill of an exited process: %v, want ESRCH", err)
+	}
+	if !alive(other.Process.Pid) {
+		t.Fatal("the process now holding the exited process's pid was killed")
+	}
 }

@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -200,10 +199,9 @@ func (s *Server) spawn(sp *spawnSpec, sub *subscriber) (*proc, error) {
 			f.Close()
 		}
 	}()
-	var readers []io.Reader
 	var chunk int
 	var wraps []func([]byte) *pb.ProcessEvent_DataEvent
-	var ownedReaders []*os.File
+	var ownedReaders []*os.File // the output pipes (or PTY master), read by the pumps
 	var fds []uintptr
 	sys := &syscall.SysProcAttr{
 		Setsid: true,
@@ -230,7 +228,6 @@ func (s *Server) spawn(sp *spawnSpec, sub *subscriber) (*proc, error) {
 		}
 		p.ptmx = m
 		ownedReaders = append(ownedReaders, m)
-		readers = append(readers, m)
 		chunk = ptyChunk
 		wraps = append(wraps, func(b []byte) *pb.ProcessEvent_DataEvent {
 			return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Pty{Pty: b}}
@@ -273,7 +270,6 @@ func (s *Server) spawn(sp *spawnSpec, sub *subscriber) (*proc, error) {
 			}
 			childFiles = append(childFiles, w)
 			ownedReaders = append(ownedReaders, r)
-			readers = append(readers, r)
 			wraps = append(wraps, wrap)
 			fds = append(fds, w.Fd())
 		}
@@ -298,7 +294,7 @@ func (s *Server) spawn(sp *spawnSpec, sub *subscriber) (*proc, error) {
 	s.procs.add(p)
 
 	var wg sync.WaitGroup
-	for i, r := range readers {
+	for i, r := range ownedReaders {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -310,17 +306,16 @@ func (s *Server) spawn(sp *spawnSpec, sub *subscriber) (*proc, error) {
 		if p.timer != nil {
 			p.timer.Stop()
 		}
-		// Output written just before exit is still in the pipes: read it
-		// to EOF, but do not wait forever on descendants that inherited
-		// the pipes.
-		drained := make(chan struct{})
-		go func() { wg.Wait(); close(drained) }()
-		select {
-		case <-drained:
-		case <-time.After(drainGrace):
-			closeAll(ownedReaders)
-			<-drained
+		// Output written just before exit is still in the pipes: the
+		// pumps read it to EOF, however slow the consumer, but do not
+		// wait forever on descendants that inherited the pipes (pump:
+		// drainGrace of silence, drainMax bytes). A pump blocked in a
+		// read is woken by the deadline set here.
+		p.exited.Store(true)
+		for _, r := range ownedReaders {
+			_ = r.SetReadDeadline(time.Now().Add(drainGrace))
 		}
+		wg.Wait()
 		closeAll(ownedReaders)
 		_ = p.closeStdin()
 		p.finish(p.buildEnd(ws))

@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/corralhq/corral/internal/agentclient"
@@ -43,6 +45,11 @@ const (
 	DefaultCodeTimeout = 60 * time.Second
 	// MaxCodeTimeout is the longest timeout a native run may ask for.
 	MaxCodeTimeout = time.Hour
+	// CodeStartWait is how long, beyond its timeout, a native run may
+	// wait for the interpreter to start it (the server starting in a
+	// young sandbox, the context's kernel starting, earlier runs of the
+	// context): its timeout counts from its start, its first line.
+	CodeStartWait = 2 * time.Minute
 )
 
 // codeRequest is the part of a run request the control plane reads; the
@@ -100,7 +107,8 @@ func (e *upstreamError) Error() string {
 // a tool call of the sandbox's task (budgets, loop detection); stdout
 // and stderr are cut at --max-output with one marker line, lines and the
 // whole answer are bounded (MaxCodeLine, MaxCodeAnswer); timeout (0:
-// none) cancels the run, which makes the interpreter interrupt its
+// none), counted from the run's start (CodeStartWait bounds the wait
+// for it), cancels the run, which makes the interpreter interrupt its
 // kernel; a client that goes away cancels it likewise; an OOM kill
 // during the run is reported as an error line and in the audit log; the
 // run is audited (code.run) with its code, result summary, duration and
@@ -118,16 +126,32 @@ func (s *Server) relayCode(ctx context.Context, id string, body []byte, req code
 	if st, err := s.mgr.Stats(id); err == nil {
 		oomBefore = st.OOMKills
 	}
+	// The timeout counts from the run's start (its first line), not from
+	// the request: on a busy host the wait for the interpreter, for the
+	// kernel's start or for earlier runs of the context can take longer
+	// than a short timeout, and the run would end TimeoutError without
+	// having run. The wait is bounded by CodeStartWait on its own.
 	rctx, cancel := context.WithCancel(ctx)
-	if timeout > 0 {
-		rctx, cancel = context.WithTimeout(ctx, timeout)
-	}
 	defer cancel()
-	err = s.streamCode(rctx, id, body, run, emit)
+	var timedOut, unstarted atomic.Bool
+	var runStarted func()
+	if timeout > 0 {
+		timer := time.AfterFunc(timeout+CodeStartWait, func() { unstarted.Store(true); timedOut.Store(true); cancel() })
+		var once sync.Once
+		runStarted = func() {
+			once.Do(func() {
+				if timer.Stop() {
+					timer = time.AfterFunc(timeout, func() { timedOut.Store(true); cancel() })
+				}
+			})
+		}
+		defer func() { timer.Stop() }()
+	}
+	err = s.streamCode(rctx, id, body, run, runStarted, emit)
 	switch {
 	case ctx.Err() != nil:
 		run.End = "client_gone"
-	case rctx.Err() != nil:
+	case timedOut.Load():
 		run.End, run.TimedOut = "timeout", true
 	case err != nil:
 		var ue *upstreamError
@@ -136,6 +160,10 @@ func (s *Server) relayCode(ctx context.Context, id string, body []byte, req code
 			return nil, err
 		}
 		run.End = "interpreter_gone"
+	case run.TimedOut:
+		run.End = "timeout" // the interpreter's own TimeoutError
+	default:
+		run.End = "end_of_execution"
 	}
 	if st, err := s.mgr.Stats(id); err == nil && st.OOMKills > oomBefore {
 		run.OOM = true
@@ -149,6 +177,9 @@ func (s *Server) relayCode(ctx context.Context, id string, body []byte, req code
 			run.Error = "OutOfMemoryError"
 			_ = emit(codeErrorLine("OutOfMemoryError", "the run was killed at the sandbox's memory limit (reason oom); the context's state is lost"))
 		case run.Error != "":
+		case run.TimedOut && unstarted.Load():
+			run.Error = "TimeoutError"
+			_ = emit(codeErrorLine("TimeoutError", fmt.Sprintf("the run did not start within %v (its timeout and %v for the interpreter and its kernel to start it); the code did not run", timeout+CodeStartWait, CodeStartWait)))
 		case run.TimedOut:
 			run.Error = "TimeoutError"
 			_ = emit(codeErrorLine("TimeoutError", fmt.Sprintf("the run exceeded its timeout of %v and was interrupted; the context stays usable", timeout)))
@@ -168,8 +199,10 @@ func (s *Server) relayCode(ctx context.Context, id string, body []byte, req code
 }
 
 // streamCode sends the request to the interpreter and relays its lines
-// until end_of_execution (held back: relayCode sends it last).
-func (s *Server) streamCode(ctx context.Context, id string, body []byte, run *codeRun, emit func([]byte) error) error {
+// until end_of_execution (held back: relayCode sends it last). started,
+// when set, is called at the run's first line other than a keepalive:
+// the interpreter sends it once the kernel executes the run.
+func (s *Server) streamCode(ctx context.Context, id string, body []byte, run *codeRun, started func(), emit func([]byte) error) error {
 	resp, err := s.interpreterDo(ctx, id, http.MethodPost, "/execute", body)
 	if err != nil {
 		return err
@@ -199,6 +232,9 @@ func (s *Server) streamCode(ctx context.Context, id string, body []byte, run *co
 		if json.Unmarshal(line, &l) != nil {
 			continue // not a line of the protocol: dropped
 		}
+		if started != nil && l.Type != "keepalive" {
+			started()
+		}
 		switch l.Type {
 		case "end_of_execution":
 			return nil
@@ -223,6 +259,12 @@ func (s *Server) streamCode(ctx context.Context, id string, body []byte, run *co
 		case "error":
 			if run.Error == "" {
 				run.Error = l.Name
+			}
+			// The interpreter ends a run at the timeout it was sent
+			// (counted from the same start as relayCode's) with this
+			// error, usually before relayCode's own timer fires.
+			if l.Name == "TimeoutError" {
+				run.TimedOut = true
 			}
 		case "number_of_executions":
 			run.ExecutionCount = l.ExecutionCount

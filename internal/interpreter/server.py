@@ -52,6 +52,15 @@ KEEPALIVE_SECONDS = 5.0
 POLL_SECONDS = 0.1
 # How long an interrupted run may take to stop before its kernel is restarted.
 INTERRUPT_GRACE_SECONDS = _env_float("CORRAL_INTERPRETER_INTERRUPT_GRACE", 5.0)
+# How often the interrupt is sent again, within the grace, to a run that
+# has not stopped: IPython swallows a KeyboardInterrupt raised in its
+# event callbacks (pre_execute, pre_run_cell: right after the run starts),
+# and the code then runs on as if it had never been interrupted.
+INTERRUPT_RESEND_SECONDS = 1.0
+# How long a run that is to be interrupted (its timeout passed, or its
+# client left) may wait for the kernel to start executing it — the only
+# time an interrupt can reach it — before the kernel is restarted.
+RUN_START_GRACE_SECONDS = _env_float("CORRAL_INTERPRETER_RUN_START_GRACE", 30.0)
 KERNEL_START_SECONDS = 60.0
 MAX_BODY_BYTES = _env_int("CORRAL_INTERPRETER_MAX_BODY", 8 << 20)
 MAX_STREAM_TEXT = _env_int("CORRAL_INTERPRETER_MAX_STREAM_TEXT", 64 << 10)
@@ -538,36 +547,58 @@ class Context:
                 run.finish()
                 return
         started = time.monotonic()
-        deadline = started + run.timeout if run.timeout else None
         # stop_on_error=False: runs are sent one at a time, so the kernel
         # has nothing queued to abort after an error; with True, a run sent
         # right after an error (or an interrupt) could land in the kernel's
         # abort window and come back "aborted" without having run.
         msg_id = self.kc.execute(run.code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False)
-        interrupted_at = None
+        # The kernel ignores SIGINT except while it executes a request
+        # (ipykernel sets SIG_IGN outside its handlers): an interrupt sent
+        # before the run's execute_input is lost, and the run would then go
+        # on to its end or to a restart. So an interrupt is only sent once
+        # the kernel executes the run (executing_at), and the run's timeout
+        # counts from then too — not from the request, which waits for the
+        # kernel on a busy host.
+        executing_at = None
+        deadline = None  # set at execute_input
+        want_at = None  # when the run was to be interrupted
+        interrupted_at = resent_at = None
         reason = None
         error_sent = False
         outcome = "idle"
         while True:
             t = time.monotonic()
-            if interrupted_at is None:
+            if want_at is None:
                 if run.cancel.is_set():
                     reason = run.cancel_reason
                     if reason in ("restart", "remove"):
                         outcome = reason
                         break
-                    self.km.interrupt_kernel()
-                    interrupted_at = t
+                    want_at = t
                 elif deadline is not None and t >= deadline:
                     reason = "timeout"
-                    self.km.interrupt_kernel()
-                    interrupted_at = t
+                    want_at = t
+                elif executing_at is None and run.timeout and t - started > run.timeout + RUN_START_GRACE_SECONDS:
+                    reason = "timeout"
+                    outcome = "unstarted"
+                    break
             elif run.cancel.is_set() and run.cancel_reason in ("restart", "remove"):
                 outcome = run.cancel_reason
                 break
-            elif t - interrupted_at > INTERRUPT_GRACE_SECONDS:
-                outcome = "stuck"
-                break
+            if want_at is not None and interrupted_at is None:
+                if executing_at is not None:
+                    self.km.interrupt_kernel()
+                    interrupted_at = resent_at = t
+                elif t - want_at > RUN_START_GRACE_SECONDS:
+                    outcome = "unstarted"
+                    break
+            if interrupted_at is not None:
+                if t - interrupted_at > INTERRUPT_GRACE_SECONDS:
+                    outcome = "stuck"
+                    break
+                if t - resent_at >= INTERRUPT_RESEND_SECONDS:
+                    self.km.interrupt_kernel()
+                    resent_at = t
             try:
                 msg = self.kc.get_iopub_msg(timeout=POLL_SECONDS)
             except queue.Empty:
@@ -589,12 +620,15 @@ class Context:
                 for i in range(0, max(len(text), 1), MAX_STREAM_TEXT):
                     run.emit({"type": name, "text": text[i:i + MAX_STREAM_TEXT], "timestamp": ts})
             elif kind == "execute_input":
+                if executing_at is None:
+                    executing_at = time.monotonic()
+                    deadline = executing_at + run.timeout if run.timeout else None
                 if content.get("execution_count") is not None:
                     run.emit({"type": "number_of_executions", "execution_count": content["execution_count"]})
             elif kind in ("execute_result", "display_data", "update_display_data"):
                 run.emit(result_line(content.get("data", {}), kind == "execute_result"))
             elif kind == "error":
-                if interrupted_at is None and not error_sent:
+                if want_at is None and not error_sent:
                     error_sent = True
                     run.emit({"type": "error", "name": content.get("ename", ""), "value": content.get("evalue", ""),
                               "traceback": "\n".join(content.get("traceback", []))})
@@ -605,7 +639,7 @@ class Context:
             run.emit({"type": "error", "name": "ExecutionAborted",
                       "value": "the kernel aborted the run before it started; the code did not run", "traceback": ""})
             error_sent = True
-        if outcome in ("died", "stuck"):
+        if outcome in ("died", "stuck", "unstarted"):
             why = self._exit_description() if outcome == "died" else None
             self._restart()
             if outcome == "died":
@@ -616,6 +650,9 @@ class Context:
             if outcome == "stuck":
                 value = ("execution timed out after %.3g s; the kernel was interrupted but did not stop within %.3g s, "
                          "so the context was restarted and its state is lost" % (run.timeout, INTERRUPT_GRACE_SECONDS))
+            elif outcome == "unstarted":
+                value = ("execution timed out: the kernel had not started the run %.3g s after it was sent, "
+                         "so the context was restarted and its state is lost" % (run.timeout + RUN_START_GRACE_SECONDS))
             else:
                 value = "execution timed out after %.3g s; the kernel was interrupted and the context keeps its state" % run.timeout
             run.emit({"type": "error", "name": "TimeoutError", "value": value, "traceback": ""})
@@ -625,6 +662,8 @@ class Context:
             run.emit({"type": "error", "name": "ExecutionAborted", "value": "the context was removed during the run", "traceback": ""})
         elif outcome == "stuck" and reason == "disconnect":
             log("context", self.id, "the client left and the run did not stop on interrupt; restarted the kernel")
+        elif outcome == "unstarted" and reason == "disconnect":
+            log("context", self.id, "the client left and the kernel did not start the run; restarted the kernel")
         if run.env_vars and outcome in ("idle",) and self.km.is_alive():
             self._silent("import os as __corral_os\nfor __k, __v in __corral_saved_env.items():\n"
                          "    __corral_os.environ.pop(__k, None) if __v is None else __corral_os.environ.__setitem__(__k, __v)\n"

@@ -337,6 +337,43 @@ func TestInterpreter(t *testing.T) {
 	})
 }
 
+// TestInterpreterRunAfterError: a run right after an error runs.
+// Defends against the kernel's abort window: sent with stop_on_error, a
+// request arriving within stop_on_error_timeout of an error came back
+// "aborted" with no result and no error (the E2B SDK saw a run with no
+// text). The sandbox's own kernel config widens the window to a minute,
+// so that without the fix this fails every time, not only on a loaded
+// host. It has a sandbox of its own: with TestInterpreter's runs, its
+// runs would pass the sandbox's implicit task's budget of 30 tool calls.
+func TestInterpreterRunAfterError(t *testing.T) {
+	need(t)
+	s := newInterpreter(t)
+	config := `import os, IPython.paths
+d = os.path.join(IPython.paths.get_ipython_dir(), 'profile_default')
+os.makedirs(d, exist_ok=True)
+open(os.path.join(d, 'ipython_kernel_config.py'), 'w').write('c.Kernel.stop_on_error_timeout = 60.0\n')`
+	noError(t, s.exec(t, map[string]any{"code": config}))
+	code, body := s.do(t, "POST", "/contexts", map[string]any{"language": "python"})
+	var c struct{ ID string }
+	if code != 200 || json.Unmarshal([]byte(body), &c) != nil || c.ID == "" {
+		t.Fatalf("create context: %d %s", code, body)
+	}
+	defer s.do(t, "DELETE", "/contexts/"+c.ID, nil)
+	if got := mainText(t, s.exec(t, map[string]any{"code": "import IPython\nIPython.get_ipython().kernel.stop_on_error_timeout", "context_id": c.ID})); got != "60.0" {
+		t.Fatalf("the kernel did not take the sandbox's config: stop_on_error_timeout %q", got)
+	}
+	for i := range 3 {
+		if e := ofType(s.exec(t, map[string]any{"code": "1/0", "context_id": c.ID}), "error"); len(e) != 1 || e[0].str("name") != "ZeroDivisionError" {
+			t.Fatalf("round %d: error lines %v", i, e)
+		}
+		lines := s.exec(t, map[string]any{"code": "'ran'", "context_id": c.ID})
+		noError(t, lines)
+		if got := mainText(t, lines); got != "ran" {
+			t.Fatalf("round %d: the run after an error gave %q", i, got)
+		}
+	}
+}
+
 // TestInterpreterInterrupts defends against a run that never ends taking
 // its context (and every later caller) with it: a run's timeout
 // interrupts the kernel and the caller gets a TimeoutError while the
@@ -359,6 +396,97 @@ func TestInterpreterInterrupts(t *testing.T) {
 		}
 		if got := mainText(t, s.exec(t, map[string]any{"code": "kept"})); got != "yes" {
 			t.Fatalf("state after the interrupt: %q", got)
+		}
+	})
+
+	// A kernel ignores SIGINT until it executes a request (ipykernel sets
+	// SIG_IGN outside its handlers), and on a busy host a run can wait
+	// for its kernel longer than its timeout, or than its client stays:
+	// an interrupt sent then was lost, the run went on, and the kernel was
+	// restarted after the grace, taking the context's state. Here the
+	// kernel is made to hold the next request for 3 s (slowKernel) before
+	// executing it, so that the timeout (1 s) and the hang-up fall in that
+	// window every time.
+	t.Run("timeout while the kernel has not started the run", func(t *testing.T) {
+		noError(t, s.exec(t, map[string]any{"code": "kept = 'yes'"}))
+		noError(t, s.exec(t, map[string]any{"code": slowKernel(3)}))
+		lines := s.exec(t, map[string]any{"code": "import time\ntime.sleep(600)", "timeout": 1})
+		e := ofType(lines, "error")
+		if len(e) != 1 || e[0].str("name") != "TimeoutError" || !strings.Contains(e[0].str("value"), "keeps its state") {
+			t.Fatalf("error lines %v", e)
+		}
+		if got := mainText(t, s.exec(t, map[string]any{"code": "kept"})); got != "yes" {
+			t.Fatalf("state after the timeout: %q", got)
+		}
+	})
+
+	// IPython swallows a KeyboardInterrupt raised in its event callbacks
+	// (pre_run_cell runs right after the run starts; on a busy host they
+	// can take a while) and runs the code on: one interrupt sent then was
+	// lost and the kernel restarted after the grace. Here a callback
+	// sleeps through the timeout's interrupt.
+	t.Run("interrupt swallowed by a callback is sent again", func(t *testing.T) {
+		noError(t, s.exec(t, map[string]any{"code": "kept = 'yes'"}))
+		noError(t, s.exec(t, map[string]any{"code": `import time as __t
+__ip = get_ipython()
+def __slow_cb(*args):
+    __ip.events.unregister("pre_run_cell", __slow_cb)
+    __t.sleep(2)
+__ip.events.register("pre_run_cell", __slow_cb)`}))
+		lines := s.exec(t, map[string]any{"code": "import time\ntime.sleep(600)", "timeout": 1})
+		e := ofType(lines, "error")
+		if len(e) != 1 || e[0].str("name") != "TimeoutError" || !strings.Contains(e[0].str("value"), "keeps its state") {
+			t.Fatalf("error lines %v", e)
+		}
+		if got := mainText(t, s.exec(t, map[string]any{"code": "kept"})); got != "yes" {
+			t.Fatalf("state after the timeout: %q", got)
+		}
+	})
+
+	t.Run("disconnect while the kernel has not started the run", func(t *testing.T) {
+		mustSh(t, s.id, "rm -f /tmp/corral-slow-kernel")
+		noError(t, s.exec(t, map[string]any{"code": "kept = 'yes'"}))
+		noError(t, s.exec(t, map[string]any{"code": slowKernel(5)}))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			// The answer's first line comes once the kernel executes the
+			// run, after the hang-up: this request only ends by it.
+			if resp, err := s.client.Do(s.request(ctx, "POST", "/execute", map[string]any{"code": "import time\ntime.sleep(600)"})); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+		waitFor(t, "the kernel to hold the run", 60*time.Second, func() bool {
+			return sh(t, s.id, "test -e /tmp/corral-slow-kernel").ExitCode == 0
+		})
+		cancel()
+		<-done
+		lines := s.exec(t, map[string]any{"code": "kept"})
+		noError(t, lines)
+		if got := mainText(t, lines); got != "yes" {
+			t.Fatalf("state after the hang-up: %q", got)
+		}
+	})
+
+	// A native run's timeout counts from its start, not from the request:
+	// the kernel holds the run longer than its timeout before executing
+	// it (as a busy host, a kernel start or an earlier run does), and the
+	// run still runs and answers.
+	t.Run("native timeout counts from the run's start", func(t *testing.T) {
+		noError(t, s.exec(t, map[string]any{"code": slowKernel(6)}))
+		var out struct {
+			Results  []map[string]any `json:"results"`
+			Error    map[string]any   `json:"error"`
+			TimedOut bool             `json:"timed_out"`
+		}
+		if st := call(t, "POST", "/v1/sandboxes/"+s.id+"/code", map[string]any{"code": "6 * 7", "timeout": 3}, &out); st != 200 {
+			t.Fatalf("native run: %d", st)
+		}
+		if out.Error != nil || out.TimedOut || len(out.Results) != 1 || out.Results[0]["text"] != "42" {
+			t.Fatalf("a run held by its kernel past its timeout before it started: %+v", out)
 		}
 	})
 
@@ -569,4 +697,22 @@ func TestInterpreterCPURunaway(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the spinning run's caller got no answer after its sandbox ended")
 	}
+}
+
+// slowKernel is code that makes its kernel hold the next request it
+// receives for the given seconds before handling it, as a kernel on a
+// busy host does: the request is received but not executed yet, the
+// window in which the kernel ignores SIGINT. The kernel touches
+// /tmp/corral-slow-kernel when the window begins.
+func slowKernel(seconds int) string {
+	return fmt.Sprintf(`import time as __t
+from functools import partial as __partial
+__k = get_ipython().kernel
+def __slow(msg, k=__k):
+    k.shell_stream.on_recv(__partial(k.schedule_dispatch, k.dispatch_shell), copy=False)
+    open("/tmp/corral-slow-kernel", "w").close()
+    __t.sleep(%d)
+    return k.dispatch_shell(msg)
+__k.shell_stream.on_recv(__partial(__k.schedule_dispatch, __slow), copy=False)
+del __k, __slow`, seconds)
 }
