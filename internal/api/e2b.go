@@ -298,7 +298,7 @@ func (s *Server) e2bTimeout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if _, err := s.mgr.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(req.Timeout)*time.Second); err != nil {
-		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", r.PathValue("id")))
+		s.e2bGoneErr(w, r, r.PathValue("id"), err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -343,10 +343,21 @@ func (s *Server) e2bConnect(w http.ResponseWriter, r *http.Request) {
 	}
 	sb, err := s.mgr.ExtendTimeout(r.Context(), id, time.Duration(ttl)*time.Second)
 	if err != nil {
-		e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
+		s.e2bGoneErr(w, r, id, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, e2bSandboxOf(sb))
+}
+
+// e2bGoneErr answers a failed timeout change: 503 (e2bWriteErr) once the
+// server is shutting down, else E2B's 404 for a sandbox that is not
+// running.
+func (s *Server) e2bGoneErr(w http.ResponseWriter, r *http.Request, id string, err error) {
+	if errors.Is(err, sandbox.ErrShuttingDown) {
+		s.e2bWriteErr(w, r, err)
+		return
+	}
+	e2bError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
 }
 
 // e2bPause freezes a sandbox (memory kept): 204, 409 if already paused.

@@ -5,11 +5,13 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/corralhq/corral/internal/audit"
 	"github.com/corralhq/corral/internal/govern"
+	"github.com/corralhq/corral/internal/runtime"
 	"github.com/corralhq/corral/internal/runtime/runtimetest"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
@@ -27,7 +29,52 @@ type harness struct {
 	m      *sandbox.Manager
 	cfg    sandbox.Config
 	rootfs string
+	// callHook is the hook of hookedDriver (onCall).
+	callHook atomic.Pointer[func(call, id string)]
 }
+
+// hookedDriver is the harness's fake driver with a hook before the
+// calls the fake has none for (Snapshot, Pause, Resume), so that a test
+// can hold one in flight (gate, onCall). The fake's other methods,
+// optional interfaces included, are its own.
+type hookedDriver struct {
+	*runtimetest.Driver
+	hook *atomic.Pointer[func(call, id string)]
+}
+
+func (d hookedDriver) before(call, id string) {
+	if f := d.hook.Load(); f != nil {
+		(*f)(call, id)
+	}
+}
+
+func (d hookedDriver) Snapshot(ctx context.Context, id, dst string) (int64, error) {
+	d.before("snapshot", id)
+	return d.Driver.Snapshot(ctx, id, dst)
+}
+
+func (d hookedDriver) Pause(ctx context.Context, id string) error {
+	d.before("pause", id)
+	return d.Driver.Pause(ctx, id)
+}
+
+func (d hookedDriver) Resume(ctx context.Context, id string) error {
+	d.before("resume", id)
+	return d.Driver.Resume(ctx, id)
+}
+
+// onCall makes every later Snapshot, Pause and Resume of the Manager's
+// driver call hook(call, id) first, call being "snapshot", "pause" or
+// "resume"; nil removes the hook.
+func (h *harness) onCall(hook func(call, id string)) {
+	if hook == nil {
+		h.callHook.Store(nil)
+		return
+	}
+	h.callHook.Store(&hook)
+}
+
+var _ runtime.Driver = hookedDriver{}
 
 // testConfig is a Manager configuration for unit tests: a fast death
 // check, no kill grace, snapshots in a temporary directory, no memory
@@ -69,7 +116,7 @@ func newHarness(t testing.TB, cfg sandbox.Config) *harness {
 // reconciles, as a server start does.
 func (h *harness) open() *sandbox.Manager {
 	h.t.Helper()
-	m := sandbox.New(h.cfg, h.st, h.d, h.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	m := sandbox.New(h.cfg, h.st, hookedDriver{Driver: h.d, hook: &h.callHook}, h.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := m.Reconcile(context.Background()); err != nil {
 		h.t.Fatalf("reconcile: %v", err)
 	}

@@ -733,7 +733,7 @@ func (m *Manager) expire(id string) {
 	if auto {
 		pause := m.persist // counted by this expiry, also once Shutdown has begun
 		if memory {
-			pause = m.Pause
+			pause = m.freeze
 		}
 		_, err := pause(context.Background(), id)
 		if err == nil {
@@ -935,11 +935,18 @@ func (m *Manager) List(ctx context.Context, f store.SandboxFilter, match map[str
 	return out, nil
 }
 
-// SetTimeout makes a running sandbox expire d from now.
+// SetTimeout makes a running sandbox expire d from now. It writes the
+// store, so it is work Shutdown waits for (beginWork); once Shutdown has
+// begun it is refused with ErrShuttingDown and changes nothing.
 func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (*store.Sandbox, error) {
 	if d < time.Second || d > MaxTTL {
 		return nil, invalid("timeout must be between 1 and %d seconds", int64(MaxTTL/time.Second))
 	}
+	done, ok := m.beginWork()
+	if !ok {
+		return nil, ErrShuttingDown
+	}
+	defer done() // after the Unlock below (deferred later, run first)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ls, ok := m.live[id]
@@ -1132,8 +1139,21 @@ func (m *Manager) Paused(id string) bool {
 
 // Pause freezes every process of a running sandbox with the cgroup
 // freezer: memory is kept, no CPU is used, and its lifetime clock stops
-// until Resume. Pausing a paused sandbox is ErrConflict.
+// until Resume. Pausing a paused sandbox is ErrConflict. A pause is work
+// Shutdown waits for (beginWork); once Shutdown has begun it is refused
+// with ErrShuttingDown and the sandbox keeps running.
 func (m *Manager) Pause(ctx context.Context, id string) (*store.Sandbox, error) {
+	done, ok := m.beginWork()
+	if !ok {
+		return nil, ErrShuttingDown
+	}
+	defer done()
+	return m.freeze(ctx, id)
+}
+
+// freeze is Pause's freezer pause, for a caller that counts it as work
+// itself (Pause, or a TTL's expiry with its auto-pause).
+func (m *Manager) freeze(ctx context.Context, id string) (*store.Sandbox, error) {
 	ls, unlock, err := m.lockOp(id)
 	if err != nil {
 		return nil, err
@@ -1172,14 +1192,20 @@ func (m *Manager) Pause(ctx context.Context, id string) (*store.Sandbox, error) 
 }
 
 // Resume thaws a paused sandbox and restarts its lifetime clock with ttl
-// (or what was left when it was paused, if ttl is 0). Resuming a running
-// sandbox is ErrConflict; a persisted sandbox (paused to disk), which a
-// resume starts again, is not resumed once Shutdown has begun
-// (ErrShuttingDown).
+// (or what was left when it was paused, if ttl is 0); a persisted
+// sandbox (paused to disk) is started again. Resuming a running sandbox
+// is ErrConflict. A resume is work Shutdown waits for (beginWork); once
+// Shutdown has begun it is refused with ErrShuttingDown and the sandbox
+// stays paused for the next start.
 func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*store.Sandbox, error) {
 	if ttl < 0 || ttl > MaxTTL {
 		return nil, invalid("timeout must be between 1 and %d seconds", int64(MaxTTL/time.Second))
 	}
+	done, ok := m.beginWork()
+	if !ok {
+		return nil, ErrShuttingDown
+	}
+	defer done()
 	ls, unlock, err := m.lockOp(id)
 	if err != nil {
 		return nil, err
@@ -1193,13 +1219,6 @@ func (m *Manager) Resume(ctx context.Context, id string, ttl time.Duration) (*st
 	stopped := ls.stopped
 	m.mu.Unlock()
 	if stopped {
-		// Starting it again is work Shutdown waits for; once it has
-		// begun, the sandbox stays paused for the next start.
-		done, ok := m.beginWork()
-		if !ok {
-			return nil, ErrShuttingDown
-		}
-		defer done()
 		if err := m.restart(ctx, ls); err != nil {
 			return nil, err
 		}
@@ -1457,9 +1476,10 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) {
 	m.mu.Unlock()
 }
 
-// beginWork counts work in flight that starts or changes sandboxes on
-// its own (a create, a pool refill's start, a TTL expiry with its
-// auto-pause, a pause to disk, a resume of a persisted sandbox) for
+// beginWork counts work in flight that starts or changes sandboxes, or
+// writes their files or records, on its own (a create, a pool refill's
+// start, a TTL expiry with its auto-pause, a pause, a resume, a
+// snapshot, a template saved from a sandbox, a new timeout) for
 // Shutdown to wait for;
 // false (nothing counted) once Shutdown has begun: such work then starts
 // nothing. The caller calls done when the work has finished or been

@@ -13,9 +13,9 @@ import (
 // sandbox's files are saved to a hidden snapshot and its processes are
 // stopped, freeing their memory; Resume starts it again from the snapshot
 // with the same id and access token: files kept, processes not (E2B's
-// pause without memory and "reboot" resume). A pause to disk is work
-// Shutdown waits for (beginWork); once Shutdown has begun it is refused
-// with ErrShuttingDown and the sandbox keeps running.
+// pause without memory and "reboot" resume). A pause, to disk or not, is
+// work Shutdown waits for (beginWork); once Shutdown has begun it is
+// refused with ErrShuttingDown and the sandbox keeps running.
 func (m *Manager) PauseWith(ctx context.Context, id string, persist bool) (*store.Sandbox, error) {
 	if !persist {
 		return m.Pause(ctx, id)

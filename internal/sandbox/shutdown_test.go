@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,8 +13,10 @@ import (
 
 	"github.com/corralhq/corral/internal/govern"
 	"github.com/corralhq/corral/internal/runtime"
+	"github.com/corralhq/corral/internal/runtime/runtimetest"
 	"github.com/corralhq/corral/internal/sandbox"
 	"github.com/corralhq/corral/internal/store"
+	"github.com/corralhq/corral/internal/template/registry"
 )
 
 // TestShutdownStartsNothingMore guards against a sandbox outliving the
@@ -66,14 +69,16 @@ func (g *gate) hold() {
 // Shutdown(killAll) and lets it reach its waits (up to 2 s: without a
 // wait it returns at once) before it opens g; then it waits for Shutdown
 // to return. It reports whether Shutdown returned while the call was
-// still held (early) and what the driver held when it returned. The
-// harness's hooks are removed and a new Manager is opened when the test
-// ends (the harness's cleanup shuts that one down).
-func (h *harness) shutdownWhileHeld(g *gate, killAll bool) (early bool, heldAtReturn []string) {
+// still held (early) and what the driver held when it returned; each
+// atReturn runs as Shutdown returns, to see what the call had made by
+// then. The harness's hooks are removed and a new Manager is opened
+// when the test ends (the harness's cleanup shuts that one down).
+func (h *harness) shutdownWhileHeld(g *gate, killAll bool, atReturn ...func()) (early bool, heldAtReturn []string) {
 	h.t.Helper()
 	h.t.Cleanup(func() {
 		h.d.OnStart(nil)
 		h.d.OnStop(nil)
+		h.onCall(nil)
 		h.m = h.open()
 	})
 	<-g.entered
@@ -82,6 +87,9 @@ func (h *harness) shutdownWhileHeld(g *gate, killAll bool) (early bool, heldAtRe
 		h.m.Shutdown(context.Background(), killAll)
 		early = !g.open.Load()
 		heldAtReturn = h.held()
+		for _, f := range atReturn {
+			f()
+		}
 		close(done)
 	}()
 	select {
@@ -416,4 +424,213 @@ func TestShutdownWaitsForPersistedPauseInFlight(t *testing.T) {
 			t.Errorf("after a refused pause the record is %s (persisted %q), want running", got.State, got.Persisted)
 		}
 	})
+}
+
+// sandboxWork is a user's operation on a live sandbox that runs the
+// runtime and writes the sandbox's files, its record or the store
+// (TestShutdownWaitsForSandboxWork).
+type sandboxWork struct {
+	name string
+	// call is the driver call the operation makes ("snapshot", "pause",
+	// "resume": held in flight, onCall); "" for one that makes none.
+	call string
+	// frozen: the sandbox is paused with the freezer first.
+	frozen bool
+	op     func(h *harness, id string) error
+	// wantErr is what the operation in flight at Shutdown returns.
+	wantErr error
+	// made checks, as Shutdown returns, that the operation in flight
+	// has made all it makes; nothingMade, after a refused one, that it
+	// made none of it.
+	made, nothingMade func(t *testing.T, h *harness, id string)
+}
+
+// snapshotsMade checks that sandbox id has want snapshots, each with its
+// record and its files: a snapshot directory without a record, or a
+// record without its layer, is half-made.
+func snapshotsMade(t *testing.T, h *harness, id string, want int) {
+	t.Helper()
+	list, err := h.st.ListSnapshots(context.Background(), store.SnapshotFilter{SandboxID: id})
+	if err != nil {
+		t.Errorf("list snapshots: %v", err)
+		return
+	}
+	var recs, dirs []string
+	for _, sn := range list {
+		recs = append(recs, sn.ID)
+		if len(sn.Layers) == 0 {
+			t.Errorf("snapshot %s has no layer", sn.ID)
+		} else if _, err := os.Stat(sn.Layers[0]); err != nil {
+			t.Errorf("snapshot %s's layer: %v", sn.ID, err)
+		}
+	}
+	entries, err := os.ReadDir(h.cfg.SnapshotDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("snapshot dir: %v", err)
+	}
+	for _, e := range entries {
+		dirs = append(dirs, e.Name())
+	}
+	slices.Sort(recs)
+	if len(recs) != want || !slices.Equal(recs, dirs) {
+		t.Errorf("snapshot records %v, snapshot directories %v; want %d of each, the same", recs, dirs, want)
+	}
+}
+
+// savedRef is the template version the save cases make.
+const savedRef = "saved:v1"
+
+var sandboxWorks = []sandboxWork{
+	{
+		name: "snapshot", call: "snapshot",
+		op: func(h *harness, id string) error {
+			_, err := h.m.Snapshot(context.Background(), id, "s1")
+			return err
+		},
+		made:        func(t *testing.T, h *harness, id string) { snapshotsMade(t, h, id, 1) },
+		nothingMade: func(t *testing.T, h *harness, id string) { snapshotsMade(t, h, id, 0) },
+	},
+	{
+		// The fork's create comes after Shutdown has begun: refused.
+		name: "fork", call: "snapshot", wantErr: sandbox.ErrShuttingDown,
+		op: func(h *harness, id string) error {
+			_, _, err := h.m.Fork(context.Background(), id, 1, nil)
+			return err
+		},
+		made:        func(t *testing.T, h *harness, id string) { snapshotsMade(t, h, id, 1) },
+		nothingMade: func(t *testing.T, h *harness, id string) { snapshotsMade(t, h, id, 0) },
+	},
+	{
+		name: "save template", call: "snapshot",
+		op: func(h *harness, id string) error {
+			_, err := h.m.SaveTemplate(context.Background(), id, savedRef)
+			return err
+		},
+		made: func(t *testing.T, h *harness, id string) {
+			tv, err := h.reg.Resolve(context.Background(), savedRef)
+			if err != nil {
+				t.Errorf("the saved template's version: %v", err)
+				return
+			}
+			if _, err := os.Stat(tv.Layers[0]); err != nil {
+				t.Errorf("the saved template's layer: %v", err)
+			}
+		},
+		nothingMade: func(t *testing.T, h *harness, id string) {
+			if _, err := h.reg.Resolve(context.Background(), savedRef); !errors.Is(err, registry.ErrNotFound) {
+				t.Errorf("the refused save's version: %v, want none", err)
+			}
+			// The version's directory is free: nothing was written there.
+			if _, err := h.reg.NewLayerDir("saved", "v1"); err != nil {
+				t.Errorf("the refused save left its files: %v", err)
+			}
+		},
+	},
+	{
+		name: "pause", call: "pause",
+		op: func(h *harness, id string) error {
+			_, err := h.m.Pause(context.Background(), id)
+			return err
+		},
+		made: func(t *testing.T, h *harness, id string) {
+			if got, st := h.record(id).State, h.d.StateOf(id); got != store.StatePaused || st != runtimetest.Paused {
+				t.Errorf("the record says %s, the driver %s; want both paused", got, st)
+			}
+		},
+	},
+	{
+		name: "resume", call: "resume", frozen: true,
+		op: func(h *harness, id string) error {
+			_, err := h.m.Resume(context.Background(), id, 0)
+			return err
+		},
+		made: func(t *testing.T, h *harness, id string) {
+			if got, st := h.record(id).State, h.d.StateOf(id); got != store.StateRunning || st != runtimetest.Running {
+				t.Errorf("the record says %s, the driver %s; want both running", got, st)
+			}
+		},
+	},
+	{
+		name: "set timeout",
+		op: func(h *harness, id string) error {
+			_, err := h.m.SetTimeout(context.Background(), id, time.Hour)
+			return err
+		},
+	},
+}
+
+// TestShutdownWaitsForSandboxWork defends against a user's operation on
+// a live sandbox outliving the shutdown half-made: a snapshot, a fork, a
+// template saved from a sandbox, a freezer pause or resume, a new
+// timeout were no work Shutdown waited for, so the server went on to
+// close its store and driver while the operation still ran the runtime
+// and then wrote its files and its record (a snapshot's or template
+// version's layer without its record, a frozen sandbox whose record says
+// running, a write to a closed store). Shutdown must return only once
+// the operation in flight has finished (what it makes, made whole), and
+// one asked for once Shutdown has begun is refused with ErrShuttingDown
+// and changes nothing: no record, no file, the sandbox's state, record
+// and expiry as they were.
+func TestShutdownWaitsForSandboxWork(t *testing.T) {
+	ctx := context.Background()
+	for _, w := range sandboxWorks {
+		if w.call == "" {
+			continue // SetTimeout holds the Manager's lock, which Shutdown takes first
+		}
+		t.Run("in flight/"+w.name, func(t *testing.T) {
+			h := newHarness(t, testConfig(t))
+			rec := h.create(sandbox.CreateRequest{})
+			if w.frozen {
+				if _, err := h.m.Pause(ctx, rec.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g := newGate()
+			h.onCall(func(call, id string) {
+				if call == w.call && id == rec.ID {
+					g.hold()
+				}
+			})
+			errc := make(chan error, 1)
+			go func() { errc <- w.op(h, rec.ID) }()
+			early, heldAtReturn := h.shutdownWhileHeld(g, false, func() { w.made(t, h, rec.ID) })
+			if early {
+				t.Errorf("Shutdown returned while the %s was still in its driver call", w.name)
+			}
+			if !slices.Equal(heldAtReturn, []string{rec.ID}) {
+				t.Errorf("when Shutdown returned the driver held %v, want only the sandbox", heldAtReturn)
+			}
+			if err := <-errc; !errors.Is(err, w.wantErr) {
+				t.Errorf("the %s in flight at Shutdown: %v, want %v", w.name, err, w.wantErr)
+			}
+		})
+	}
+	for _, w := range sandboxWorks {
+		t.Run("after/"+w.name, func(t *testing.T) {
+			h := newHarness(t, testConfig(t))
+			rec := h.create(sandbox.CreateRequest{})
+			if w.frozen {
+				if _, err := h.m.Pause(ctx, rec.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before, state := h.record(rec.ID), h.d.StateOf(rec.ID)
+			h.m.Shutdown(ctx, false)
+			defer func() { h.m = h.open() }()
+			if err := w.op(h, rec.ID); !errors.Is(err, sandbox.ErrShuttingDown) {
+				t.Errorf("a %s once Shutdown has begun: %v, want ErrShuttingDown", w.name, err)
+			}
+			got := h.record(rec.ID)
+			if got.State != before.State || !got.ExpiresAt.Equal(before.ExpiresAt) || got.Persisted != before.Persisted {
+				t.Errorf("after a refused %s the record is %s expiring %v (persisted %q), want %s expiring %v as before",
+					w.name, got.State, got.ExpiresAt, got.Persisted, before.State, before.ExpiresAt)
+			}
+			if st, held := h.d.StateOf(rec.ID), h.held(); st != state || !slices.Equal(held, []string{rec.ID}) {
+				t.Errorf("after a refused %s the driver holds %v, the sandbox %s; want only it, %s", w.name, held, st, state)
+			}
+			if w.nothingMade != nil {
+				w.nothingMade(t, h, rec.ID)
+			}
+		})
+	}
 }

@@ -37,11 +37,19 @@ func snapLayers(sn *store.Snapshot) []string {
 
 // Snapshot saves a live sandbox's writable layer as a new snapshot: the
 // sandbox is frozen for the copy and thawed after (a paused sandbox stays
-// paused). A sandbox started from the snapshot sees the same files.
+// paused). A sandbox started from the snapshot sees the same files. A
+// snapshot is work Shutdown waits for (beginWork), so that its files and
+// its record are both written or neither; once Shutdown has begun it is
+// refused with ErrShuttingDown.
 func (m *Manager) Snapshot(ctx context.Context, id, name string) (*store.Snapshot, error) {
 	if len(name) > MaxSnapshotName || (name != "" && !snapshotNameRe.MatchString(name)) {
 		return nil, invalid("snapshot name must be 1..%d characters of [A-Za-z0-9._:-]", MaxSnapshotName)
 	}
+	done, ok := m.beginWork()
+	if !ok {
+		return nil, ErrShuttingDown
+	}
+	defer done()
 	ls, unlock, err := m.lockOp(id)
 	if err != nil {
 		return nil, err
@@ -181,6 +189,9 @@ func (m *Manager) purgeDeletedSnapshots(ctx context.Context) {
 // snapshot with the same template, runtime, tier, resources, network
 // policy, secrets, metadata and task (env vars given at create are not
 // kept in the record, so they are not copied; processes are not copied).
+// Its snapshot and each create are work Shutdown waits for, each on its
+// own (Snapshot, Create): once Shutdown has begun, what is left of the
+// fork is refused with ErrShuttingDown.
 func (m *Manager) Fork(ctx context.Context, id string, count int, ttl *int64) ([]*store.Sandbox, *store.Snapshot, error) {
 	if count < 1 || count > MaxForkCount {
 		return nil, nil, invalid("count must be 1..%d", MaxForkCount)

@@ -84,8 +84,16 @@ func (m *Manager) resolveTemplate(ctx context.Context, ref, team string) (*store
 // SaveTemplate makes a new template version name:version from a live
 // sandbox's files: its writable layer (copied while it is frozen) on top of
 // everything it was started from (template layers and any snapshot). The
-// new version becomes current; the sandbox keeps running.
+// new version becomes current; the sandbox keeps running. It is work
+// Shutdown waits for (beginWork), so that the version's files and its
+// record are both written or neither; once Shutdown has begun it is
+// refused with ErrShuttingDown.
 func (m *Manager) SaveTemplate(ctx context.Context, id, ref string) (*store.TemplateVersion, error) {
+	done, ok := m.beginWork()
+	if !ok {
+		return nil, ErrShuttingDown
+	}
+	defer done()
 	ls, unlock, err := m.lockOp(id)
 	if err != nil {
 		return nil, err
